@@ -1,0 +1,278 @@
+"""The ``raysent`` command.
+
+    raysent train FILE.yaml        train one configuration (one worker here, or N with Ray Train)
+    raysent eval --model M         the 7-set STS table of any encoder (or a model raysent trained)
+    raysent methods                every method with its variants and paper defaults
+    raysent data                   the named data sets and where each one is found
+
+Errors a user can cause (a bad config, a malformed file, a missing model) are printed as one
+clear message and exit with status 2; no traceback from inside a library.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+import yaml
+
+from raysent.errors import RaysentError
+
+EPILOG = """environment:
+  RAYSENT_DATA_DIR   folder with the layout of shared/data, looked at before the Hugging Face hub
+  RAYSENT_MODEL_DIR  folder of save_pretrained model folders, looked at before the hub
+  HF_HUB_OFFLINE=1   never try the hub (fail fast with a message that says where raysent looked)
+"""
+
+
+def _parse_set(values: list[str] | None) -> dict:
+    """``--set key=value`` pairs; values are read as YAML (numbers, lists, true/false)."""
+    out = {}
+    for item in values or []:
+        if "=" not in item:
+            raise RaysentError(f"--set {item!r}: expected KEY=VALUE, e.g. --set temperature=0.1")
+        key, _, value = item.partition("=")
+        try:
+            out[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError:
+            out[key.strip()] = value
+    return out
+
+
+# --------------------------------------------------------------------------- train
+def cmd_train(args) -> int:
+    from raysent.config import load_config
+
+    cfg = load_config(args.config, overrides=_parse_set(args.set))
+    if args.output_dir:
+        from raysent.config import with_overrides
+
+        cfg = with_overrides(cfg, {"train.output_dir": args.output_dir})
+    if args.print_config:
+        print(cfg.to_yaml())
+        return 0
+    if cfg.resources.workers:
+        from raysent.train.ray import train_with_ray
+
+        summary = train_with_ray(cfg, resume=args.resume)
+    else:
+        from raysent.train.run import train_in_process
+
+        summary = train_in_process(cfg, resume=args.resume, quiet=args.quiet)
+    _print_train_summary(summary, args.format)
+    return 0
+
+
+def _print_train_summary(summary: dict, fmt: str) -> None:
+    if fmt == "json":
+        print(json.dumps({k: v for k, v in summary.items() if k != "config"}, indent=2, default=str))
+        return
+    init = (summary.get("initial_dev") or {}).get("dev_spearman")
+    lines = [
+        f"method {summary['method']}  seed {summary['seed']}  model {summary['model']}",
+        f"steps {summary['final_step']}/{summary['total_steps']}"
+        + ("  (stopped early)" if summary.get("stopped_early") else "")
+        + f"  in {summary['train_seconds']:.0f} s on {summary['workers']} worker(s)",
+        (f"dev Spearman: untuned {init:.2f} -> best {summary['best_dev_spearman']:.2f} at step {summary['best_step']}"
+         if init is not None else f"best dev Spearman {summary['best_dev_spearman']:.2f} at step {summary['best_step']}"),
+        f"best model: {summary['best_model_dir']}",
+        f"result: {Path(summary['output_dir']) / 'result.json'}",
+    ]
+    if summary.get("transductive"):
+        lines.append("setting: transductive (trained on the unlabelled text of evaluation sets)")
+    for note in summary.get("data", {}).get("notes", []):
+        lines.append(f"note: {note}")
+    print("\n".join(lines))
+
+
+# --------------------------------------------------------------------------- eval
+def _default_pooling(encoder) -> str | None:
+    if encoder.meta.pooling:
+        return encoder.meta.pooling
+    st = Path(encoder.source) / "1_Pooling" / "config.json"  # a sentence-transformers model
+    if st.is_file():
+        cfg = json.loads(st.read_text())
+        for key, name in (("pooling_mode_mean_tokens", "mean"), ("pooling_mode_cls_token", "cls_before_pooler"),
+                          ("pooling_mode_max_tokens", "max")):
+            if cfg.get(key):
+                return name
+    return None
+
+
+def cmd_eval(args) -> int:
+    from raysent.eval.sts import TASK_LABELS, evaluate_dev, evaluate_sts, format_table
+    from raysent.models.embedder import Embedder
+    from raysent.models.encoder import Encoder
+    from raysent.models.pooling import describe_allowed, is_valid_pooling
+
+    encoder = Encoder.load(args.model)
+    pooling = args.pooling or _default_pooling(encoder)
+    if pooling is None:
+        raise RaysentError(f"--pooling is needed: {args.model} does not say how its sentence vectors are read "
+                           f"(no raysent.json, no sentence-transformers pooling config); allowed: {describe_allowed()}")
+    if not is_valid_pooling(pooling):
+        raise RaysentError(f"--pooling {pooling!r} is unknown; allowed: {describe_allowed()}")
+    encoder.eval()
+
+    def embed(tok):
+        return encoder.embed(tok, pooling)
+
+    embedder = Embedder(embed, encoder.tokenizer, module=encoder, max_length=args.max_length,
+                        batch_size=args.batch_size)
+    progress = None if args.format == "json" else (lambda m: print(m, file=sys.stderr))
+    if args.split == "dev":
+        res = evaluate_dev(embedder, args.dev)
+        res = {"model": args.model, "pooling": pooling, "split": "dev", **res}
+        if args.format == "json":
+            print(json.dumps(res, indent=2))
+        else:
+            for k, v in res.items():
+                if k.startswith("dev"):
+                    print(f"{k:24s} {v:.2f}")
+        return 0
+    tasks = args.tasks_sts or list(TASK_LABELS)
+    res = evaluate_sts(embedder, tasks=tasks, aggregation=args.aggregation, progress=progress)
+    res = {"model": args.model, "pooling": pooling, "split": "test", **res}
+    if args.format == "json":
+        print(json.dumps(res, indent=2))
+    else:
+        print(format_table(res, title=f"{args.model}  pooling={pooling}"))
+    return 0
+
+
+# --------------------------------------------------------------------------- methods / data
+def cmd_methods(args) -> int:
+    from raysent.methods import METHODS
+
+    rows = []
+    for name, cls in METHODS.items():
+        params = cls.Params()
+        defaults = cls.defaults(params)
+        rows.append({
+            "method": name,
+            "paper": cls.paper,
+            "trains": cls.summary,
+            "data": cls.data_kind(params),
+            "variants": {k: list(v) for k, v in cls.variants.items()},
+            "params": params.model_dump(mode="json"),
+            "train": defaults["train"],
+            "train_data": defaults["data"].get("train"),
+            "seeds": list(cls.seeds),
+        })
+    if args.format == "json":
+        print(json.dumps(rows, indent=2))
+        return 0
+    for r in rows:
+        print(f"{r['method']}  —  {r['paper']}")
+        print(f"    trains:    {r['trains']}")
+        print(f"    data:      {r['data']} (default {r['train_data']})")
+        for k, v in r["variants"].items():
+            print(f"    {k + ':':10s} {', '.join(map(str, v))}")
+        print(f"    params:    {', '.join(f'{k}={v}' for k, v in r['params'].items())}")
+        print(f"    train:     {', '.join(f'{k}={v}' for k, v in r['train'].items())}")
+        print(f"    seeds:     {', '.join(map(str, r['seeds']))}")
+        print()
+    return 0
+
+
+def cmd_data(args) -> int:
+    from raysent.data.datasets import DATASETS, data_dir
+
+    root = data_dir()
+    print(f"RAYSENT_DATA_DIR = {root or '(not set)'}\n")
+    for name, d in DATASETS.items():
+        splits = sorted(set(d.local) | set(d.hub)) or [d.default_split]
+        print(f"{name:16s} {d.kind:13s} splits {'/'.join(splits)} (default {d.default_split})"
+              + ("  [transductive]" if d.transductive else ""))
+        print(f"{'':16s} {d.description}")
+        hubs = sorted({h.repo + (f'/{h.file}' if h.file else '') for h in d.hub.values()})
+        if hubs:
+            print(f"{'':16s} hub: {', '.join(hubs)}")
+    print(f"{'path:FILE':16s} your own .txt (a sentence a line), .tsv or .csv with a header")
+    return 0
+
+
+# --------------------------------------------------------------------------- parser
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="raysent",
+        description="Train, tune and compare contrastive sentence-embedding methods "
+        "(SimCSE, SG-OPT, ConSERT, layer-wise attention pooling, SupCon) with Ray and MLflow.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    t = sub.add_parser("train", help="train one configuration of an experiment YAML",
+                       description="Train the experiment's configuration once (train.seed). Without "
+                       "resources.workers it runs in this process; with it, through Ray Train on that many "
+                       "workers. The best model (by mean dev Spearman) is saved with save_pretrained in "
+                       "<output_dir>/best, the run summary in <output_dir>/result.json.",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    t.add_argument("config", help="experiment YAML (see search_spaces/)")
+    t.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a hyperparameter (flat name, e.g. temperature=0.1, lr=1e-4, or a dotted "
+                        "path, e.g. data.train=stsb-unlabeled); repeatable")
+    t.add_argument("--output-dir", help="where the run's files go (default results/<name>/train/<method>-seed<seed>)")
+    t.add_argument("--resume", action="store_true", help="continue from the last checkpoint in the output dir")
+    t.add_argument("--print-config", action="store_true", help="print the resolved config (defaults filled) and exit")
+    t.add_argument("--format", choices=["text", "json"], default="text", help="summary format")
+    t.add_argument("--quiet", action="store_true", help="no progress lines")
+    t.set_defaults(func=cmd_train)
+
+    e = sub.add_parser("eval", help="STS evaluation of an encoder",
+                       description="Evaluate an encoder on STS12-16, STS-B and SICK-R (test) or on dev sets. "
+                       "Spearman x100 of cosine similarity; STS12-16 aggregated as 'all' by default.",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    e.add_argument("--model", required=True, help="hub id, folder, or a name under RAYSENT_MODEL_DIR")
+    e.add_argument("--pooling", help="cls, cls_before_pooler, mean, max, first_last_avg, last2_avg, "
+                   "layer<K>_<cls|mean|max> (default: what the model's raysent.json or "
+                   "sentence-transformers config says)")
+    e.add_argument("--split", choices=["test", "dev"], default="test",
+                   help="test: the 7-set table; dev: model-selection sets (--dev)")
+    e.add_argument("--dev", nargs="+", default=["stsb:dev"], metavar="SPEC", help="dev sets for --split dev")
+    e.add_argument("--tasks-sts", nargs="+", metavar="TASK", help="subset of sts12 sts13 sts14 sts15 sts16 stsb sickr")
+    e.add_argument("--aggregation", choices=["all", "mean", "wmean"], default="all",
+                   help="STS12-16 headline aggregation (all three are in the JSON)")
+    e.add_argument("--max-length", type=int, default=256, help="max tokens per sentence")
+    e.add_argument("--batch-size", type=int, default=128)
+    e.add_argument("--format", choices=["table", "json"], default="table")
+    e.set_defaults(func=cmd_eval)
+
+    m = sub.add_parser("methods", help="list the methods, their variants and paper defaults",
+                       description="Every registered method with its paper, variants, hyperparameter defaults "
+                       "(params), training defaults and seeds.")
+    m.add_argument("--format", choices=["text", "json"], default="text")
+    m.set_defaults(func=cmd_methods)
+
+    d = sub.add_parser("data", help="list the named data sets and where they are found",
+                       description="Named data sets (local RAYSENT_DATA_DIR first, the Hugging Face hub second).")
+    d.set_defaults(func=cmd_data)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("raysent").setLevel(logging.DEBUG if args.verbose else logging.INFO)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        return args.func(args)
+    except RaysentError as exc:
+        print(f"raysent: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("raysent: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

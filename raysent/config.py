@@ -1,0 +1,502 @@
+"""The experiment schema: one YAML file describes one experiment, validated before anything runs.
+
+Parts (../shared/DESIGN.md): ``name``, ``method``, ``model``, ``data``, ``train``, ``params``,
+``search``, ``seeds``, ``resources``, ``tracking``, ``eval``. Only ``name``, ``method`` and
+``model.name`` are required: everything else has the method's paper default (the paper is named
+in each method's file) or a global default below.
+
+Every error names the file, the line, the field path, the bad value and what is allowed; unknown
+keys are errors (with a "did you mean"), so a typo is never silently ignored.
+
+One name per hyperparameter everywhere (YAML, search space, MLflow params, table columns): the
+fields of ``train``, of ``params`` (the method's own, e.g. ``temperature``, ``reg_lambda``) and
+``model.dropout`` form one flat namespace, see :func:`hyperparameters` and :func:`with_overrides`.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from raysent.errors import ConfigError, RaysentError, did_you_mean
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+# --------------------------------------------------------------------------- parts
+class ModelConfig(Strict):
+    name: str = Field(description="hub id, local folder, or a folder name under RAYSENT_MODEL_DIR")
+    dropout: float | None = Field(
+        None, ge=0.0, lt=1.0,
+        description="override the encoder's hidden and attention dropout (null: the checkpoint's)")
+
+
+class DataConfig(Strict):
+    train: str | None = Field(None, description="training data spec (NAME[:SPLIT], path:FILE); "
+                              "default: the method's paper data")
+    dev: list[str] = Field(default_factory=lambda: ["stsb:dev"],
+                           description="dev sets for model selection; the score is their mean Spearman")
+    max_train_samples: int | None = Field(None, gt=0, description="use only the first N training examples")
+    sup: str | None = Field(None, description="ConSERT two-stage modes: the supervised first stage's data")
+
+    @field_validator("dev", mode="before")
+    @classmethod
+    def _one_or_many(cls, v):
+        return [v] if isinstance(v, str) else v
+
+    @field_validator("dev")
+    @classmethod
+    def _dev_scored(cls, v):
+        from raysent.data.datasets import validate_spec
+
+        if not v:
+            raise ValueError("at least one dev set is needed for model selection")
+        for spec in v:
+            try:
+                validate_spec(spec, "scored_pairs")
+            except RaysentError as exc:
+                raise ValueError(str(exc)) from None
+        return v
+
+
+class TrainConfig(Strict):
+    batch_size: int = Field(64, gt=0, description="the GLOBAL batch (split evenly over workers)")
+    lr: float = Field(3e-5, gt=0, description="peak learning rate (AdamW)")
+    epochs: int = Field(1, gt=0)
+    max_steps: int | None = Field(None, gt=0, description="stop after this many optimizer steps")
+    warmup_ratio: float = Field(0.0, ge=0.0, lt=1.0, description="linear warmup over this share of steps")
+    weight_decay: float = Field(0.0, ge=0.0)
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    adam_eps: float = Field(1e-8, gt=0)
+    grad_clip: float | None = Field(1.0, gt=0, description="max gradient norm (null: no clipping)")
+    max_length: int = Field(32, gt=1, description="max tokens per training sentence")
+    eval_every: int = Field(125, gt=0, description="evaluate the dev sets every N steps (and at the end)")
+    eval_at_start: bool = Field(True, description="evaluate the untuned model at step 0")
+    patience: int | None = Field(None, gt=0, description="stop after N evaluations without a new best")
+    seed: int = 42
+    precision: Literal["fp32", "bf16", "fp16"] = Field("fp32", description="bf16/fp16 autocast on GPU")
+    gather_negatives: bool = Field(True, description="all-gather embeddings so every worker's loss sees "
+                                   "the global batch as negatives (false: local negatives only)")
+    bucket_by_length: bool = Field(False, description="group sentences of similar length into batches")
+    log_every: int = Field(10, gt=0)
+    output_dir: str | None = Field(None, description="default: results/<name>/train/<method>-seed<seed>")
+
+    @field_validator("adam_betas")
+    @classmethod
+    def _betas(cls, v):
+        if not all(0.0 <= b < 1.0 for b in v):
+            raise ValueError(f"both betas must be in [0, 1), got {list(v)}")
+        return v
+
+
+class EvalConfig(Strict):
+    tasks: list[Literal["sts", "senteval", "search", "geometry", "sts17"]] = Field(
+        default_factory=lambda: ["sts"], description="final-phase evaluation tasks")
+    aggregation: Literal["all", "mean", "wmean"] = Field(
+        "all", description="STS12-16 aggregation reported as the headline (all three are recorded)")
+    max_length: int = Field(256, gt=1)
+    batch_size: int = Field(128, gt=0)
+    pooling: str | None = Field(None, description="override the method's inference pooling")
+
+    @field_validator("pooling")
+    @classmethod
+    def _pooling(cls, v):
+        from raysent.models.pooling import describe_allowed, is_valid_pooling
+
+        if v is not None and not is_valid_pooling(v) and v != "method":
+            raise ValueError(f"unknown pooling {v!r}; allowed: {describe_allowed()}")
+        return v
+
+
+class SpaceEntry(Strict):
+    """One searched hyperparameter."""
+
+    type: Literal["uniform", "loguniform", "int", "choice"]
+    low: float | None = None
+    high: float | None = None
+    step: float | None = Field(None, gt=0)
+    values: list[Any] | None = None
+    when: dict[str, Any] | None = Field(
+        None, description="sample only when another choice parameter has this value (or contains it)")
+
+    @model_validator(mode="after")
+    def _shape(self):
+        if self.type == "choice":
+            if not self.values:
+                raise ValueError("a 'choice' entry needs a non-empty 'values' list")
+            if self.low is not None or self.high is not None:
+                raise ValueError("a 'choice' entry takes 'values', not 'low'/'high'")
+        else:
+            if self.low is None or self.high is None:
+                raise ValueError(f"a '{self.type}' entry needs 'low' and 'high'")
+            if not self.low < self.high:
+                raise ValueError(f"'low' ({self.low}) must be below 'high' ({self.high})")
+            if self.type == "loguniform" and self.low <= 0:
+                raise ValueError(f"a 'loguniform' entry needs low > 0, got {self.low}")
+            if self.type == "int" and (self.low != int(self.low) or self.high != int(self.high)):
+                raise ValueError(f"an 'int' entry needs whole numbers, got {self.low}..{self.high}")
+            if self.values is not None:
+                raise ValueError(f"a '{self.type}' entry takes 'low'/'high', not 'values'")
+        return self
+
+
+class SchedulerConfig(Strict):
+    type: Literal["asha"] = "asha"
+    grace_period: int = Field(1, gt=0, description="evaluations before a trial can be stopped")
+    reduction_factor: float = Field(2.0, gt=1.0)
+    max_t: int | None = Field(None, gt=0, description="max evaluations a trial gets (default: all)")
+
+
+class SearchConfig(Strict):
+    space: dict[str, SpaceEntry]
+    metric: str = Field("dev_spearman", description="the value the search optimises (mean dev Spearman)")
+    mode: Literal["max", "min"] = "max"
+    num_samples: int = Field(8, gt=0, description="configurations to try")
+    algorithm: Literal["optuna", "random", "grid"] = "optuna"
+    seed: int = Field(0, description="seed of the search algorithm (Optuna's TPE sampler)")
+    seeds: int = Field(1, gt=0, description="runs per configuration (different seeds); the search "
+                       "sees their mean")
+    scheduler: SchedulerConfig | None = None
+    max_concurrent_trials: int = Field(1, gt=0)
+
+    @model_validator(mode="after")
+    def _conditions(self):
+        for name, entry in self.space.items():
+            for ref, value in (entry.when or {}).items():
+                if ref not in self.space:
+                    raise ValueError(f"space.{name}.when refers to {ref!r}, which is not searched")
+                if self.space[ref].type != "choice":
+                    raise ValueError(f"space.{name}.when refers to {ref!r}, which is not a 'choice' entry")
+                if ref == name:
+                    raise ValueError(f"space.{name}.when refers to itself")
+        if self.algorithm == "grid" and any(e.type != "choice" for e in self.space.values()):
+            bad = [n for n, e in self.space.items() if e.type != "choice"]
+            raise ValueError(f"algorithm 'grid' needs 'choice' entries only; not: {', '.join(bad)}")
+        if self.scheduler is not None and self.seeds > 1:
+            raise ValueError(
+                "a scheduler (ASHA) cannot be combined with seeds > 1: Tune's Repeater averages the "
+                "seeds only when every repeat finishes, and an early-stopping scheduler would stop some "
+                "of them, so the search would see wrong means. Use seeds: 1 with a scheduler, or no scheduler")
+        return self
+
+
+class ResourcesConfig(Strict):
+    workers: int | None = Field(None, gt=0, description="Ray Train workers (null: train in this process)")
+    gpus_per_worker: float = Field(0.0, ge=0.0)
+    cpus_per_worker: float = Field(1.0, gt=0.0)
+    trial_cpus: float = Field(0.1, gt=0.0, description="CPUs of each Tune trial's own driver")
+    max_failures: int = Field(0, ge=0, description="worker failures Ray Train recovers from")
+    storage_path: str | None = Field(None, description="Ray checkpoints: a folder or a URI (s3://, gs://); "
+                                     "default results/<name>/ray")
+    address: str | None = Field(None, description="Ray cluster address (auto, ray://host:10001); "
+                                "default local (or RAY_ADDRESS)")
+
+
+class TrackingConfig(Strict):
+    mlflow_uri: str | None = Field(None, description="default MLFLOW_TRACKING_URI, else "
+                                   "sqlite:///<results_dir>/mlflow.db")
+    experiment: str | None = Field(None, description="MLflow experiment (default: the config's name)")
+    results_dir: str = "results"
+    enabled: bool = True
+
+
+class ExperimentConfig(Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$",
+                      description="letters, digits, '.', '_' and '-': names results/<name>/")
+    method: str
+    model: ModelConfig
+    data: DataConfig = Field(default_factory=DataConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    params: dict[str, Any] = Field(default_factory=dict, description="the method's hyperparameters")
+    search: SearchConfig | None = None
+    seeds: list[int] = Field(default_factory=lambda: [42], description="final-phase seeds")
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+
+    # where it came from (not part of the schema)
+    _source: str = "<config>"
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def method_params(self):
+        """The method's validated parameter object (typed, defaults filled)."""
+        from raysent.methods import get_method
+
+        return get_method(self.method).Params(**self.params)
+
+    @property
+    def results_dir(self) -> Path:
+        return Path(self.tracking.results_dir) / self.name
+
+    def output_dir(self) -> Path:
+        if self.train.output_dir:
+            return Path(self.train.output_dir)
+        return self.results_dir / "train" / f"{self.method}-seed{self.train.seed}"
+
+    def to_dict(self) -> dict:
+        d = self.model_dump(mode="json")
+        if d.get("search"):  # space entries: only the fields that were given
+            d["search"]["space"] = {k: {f: v for f, v in e.items() if v is not None}
+                                    for k, e in d["search"]["space"].items()}
+        return d
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True)
+
+
+# --------------------------------------------------------------------------- loading
+GLOBAL_DEFAULTS_NOTE = "raysent default"
+
+
+def _node_line(root: yaml.Node | None, path: tuple) -> int | None:
+    """Line (1-based) of the YAML node at ``path`` (or of its closest existing parent)."""
+    node, line = root, (root.start_mark.line + 1 if root is not None else None)
+    for key in path:
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                if k.value == str(key):
+                    node, line = v, k.start_mark.line + 1
+                    break
+            else:
+                return line
+        elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):
+            node = node.value[key]
+            line = node.start_mark.line + 1
+        else:
+            return line
+    return line
+
+
+def _fmt_value(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _explain(err: dict, allowed_keys: dict[tuple, list[str]]) -> str:
+    loc, kind, msg = tuple(err["loc"]), err["type"], err["msg"]
+    field = ".".join(str(p) for p in loc)
+    if kind == "extra_forbidden":
+        parent, key = loc[:-1], loc[-1]
+        allowed = allowed_keys.get(parent, [])
+        where = ".".join(str(p) for p in parent) or "the top level"
+        return (f"unknown key {key!r} in {where}{did_you_mean(key, allowed)}; allowed keys: "
+                f"{', '.join(allowed) or '(none)'}")
+    if kind == "missing":
+        return f"{field}: required field is missing"
+    msg = msg.removeprefix("Value error, ")
+    return f"{field}: got {_fmt_value(err.get('input'))}: {msg}"
+
+
+def _allowed_keys(method_cls) -> dict[tuple, list[str]]:
+    keys = {
+        (): list(ExperimentConfig.model_fields),
+        ("model",): list(ModelConfig.model_fields),
+        ("data",): list(DataConfig.model_fields),
+        ("train",): list(TrainConfig.model_fields),
+        ("search",): list(SearchConfig.model_fields),
+        ("resources",): list(ResourcesConfig.model_fields),
+        ("tracking",): list(TrackingConfig.model_fields),
+        ("eval",): list(EvalConfig.model_fields),
+        ("search", "scheduler"): list(SchedulerConfig.model_fields),
+    }
+    if method_cls is not None:
+        keys[("params",)] = list(method_cls.Params.model_fields)
+    return keys
+
+
+def _raise_validation(exc: ValidationError, source: str, root, method_cls, prefix: tuple = ()) -> None:
+    allowed = _allowed_keys(method_cls)
+    # search.space.<name>.<field>: entries share one allowed-key list
+    lines = []
+    for err in exc.errors():
+        loc = prefix + tuple(err["loc"])
+        err = {**err, "loc": loc}
+        if len(loc) >= 3 and loc[:2] == ("search", "space"):
+            allowed[loc[:3]] = list(SpaceEntry.model_fields)
+        line = _node_line(root, loc)
+        lines.append(f"{source}{f':{line}' if line else ''}: {_explain(err, allowed)}")
+    raise ConfigError("invalid experiment config\n  " + "\n  ".join(lines))
+
+
+def parse_config(raw: dict, source: str = "<config>", root: yaml.Node | None = None,
+                 check_search: bool = True) -> ExperimentConfig:
+    """Validate a config mapping: method defaults first, then the user's values on top.
+
+    ``check_search=False`` skips validating each search-space value (done once when loading).
+    """
+    from raysent.methods import METHODS, get_method
+
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping of the parts "
+                          f"{', '.join(ExperimentConfig.model_fields)}, got {type(raw).__name__}")
+    raw = copy.deepcopy(raw)
+    method_name = raw.get("method")
+    method_cls = None
+    if method_name is None:
+        line = _node_line(root, ())
+        raise ConfigError(f"{source}{f':{line}' if line else ''}: 'method' is missing; allowed: {', '.join(METHODS)}")
+    if not isinstance(method_name, str) or method_name not in METHODS:
+        line = _node_line(root, ("method",))
+        raise ConfigError(f"{source}{f':{line}' if line else ''}: method: got {_fmt_value(method_name)}: unknown "
+                          f"method{did_you_mean(str(method_name), METHODS)}; allowed: {', '.join(METHODS)}")
+    method_cls = get_method(method_name)
+
+    # The method's paper defaults under the user's values.
+    for part in ("model", "data", "train", "eval"):
+        if part in raw and raw[part] is not None and not isinstance(raw[part], dict):
+            line = _node_line(root, (part,))
+            raise ConfigError(f"{source}{f':{line}' if line else ''}: {part}: got {_fmt_value(raw[part])}: "
+                              f"expected a mapping of fields")
+    params_raw = raw.get("params") or {}
+    if not isinstance(params_raw, dict):
+        line = _node_line(root, ("params",))
+        raise ConfigError(f"{source}{f':{line}' if line else ''}: params: expected a mapping of the method's "
+                          f"hyperparameters ({', '.join(method_cls.Params.model_fields)})")
+    try:
+        params = method_cls.Params(**params_raw)
+    except ValidationError as exc:
+        _raise_validation(exc, source, root, method_cls, prefix=("params",))
+    defaults = method_cls.defaults(params)
+    for part in ("model", "data", "train", "eval"):
+        merged = dict(defaults.get(part, {}))
+        merged.update(raw.get(part) or {})
+        raw[part] = merged
+    if "seeds" not in raw and method_cls.seeds:
+        raw["seeds"] = list(method_cls.seeds)
+    raw["params"] = params.model_dump(mode="json")
+    try:
+        cfg = ExperimentConfig(**raw)
+    except ValidationError as exc:
+        _raise_validation(exc, source, root, method_cls)
+    cfg._source = source
+    _cross_checks(cfg, method_cls, source, root, check_search)
+    return cfg
+
+
+def _cross_checks(cfg: ExperimentConfig, method_cls, source: str, root, check_search: bool = True) -> None:
+    from raysent.data.datasets import validate_spec
+
+    def fail(path: tuple, msg: str):
+        line = _node_line(root, path)
+        raise ConfigError(f"invalid experiment config\n  {source}{f':{line}' if line else ''}: "
+                          f"{'.'.join(map(str, path))}: {msg}")
+
+    if cfg.data.train is None:
+        fail(("data", "train"), f"no training data: method {cfg.method} has no default; give a data spec")
+    try:
+        validate_spec(cfg.data.train, method_cls.data_kind(cfg.method_params))
+    except RaysentError as exc:
+        fail(("data", "train"), str(exc))
+    if cfg.data.sup is not None:
+        try:
+            validate_spec(cfg.data.sup)
+        except RaysentError as exc:
+            fail(("data", "sup"), str(exc))
+    if cfg.resources.workers and cfg.train.batch_size % cfg.resources.workers:
+        fail(("train", "batch_size"), f"got {cfg.train.batch_size}: the global batch must split evenly over "
+             f"resources.workers={cfg.resources.workers}")
+    if not cfg.seeds:
+        fail(("seeds",), "at least one seed is needed")
+    if cfg.search is not None and check_search:
+        names = hyperparameter_names(cfg)
+        for key, entry in cfg.search.space.items():
+            if key not in names:
+                fail(("search", "space", key), f"{key!r} is not a hyperparameter of {cfg.method}"
+                     f"{did_you_mean(key, names)}; searchable: {', '.join(sorted(names))}")
+            # each sampled value must itself validate
+            samples = entry.values if entry.type == "choice" else [entry.low, entry.high]
+            for value in samples:
+                if entry.type == "int":
+                    value = int(value)
+                try:
+                    with_overrides(cfg, {key: value})
+                except ConfigError as exc:
+                    fail(("search", "space", key), f"the value {_fmt_value(value)} is not valid: "
+                         + str(exc).split(": ", 2)[-1])
+        if cfg.search.metric != "dev_spearman" and not cfg.search.metric.startswith("dev/"):
+            fail(("search", "metric"), f"got {cfg.search.metric!r}: allowed: dev_spearman (the mean over "
+                 f"data.dev) or dev/<set>, e.g. dev/stsb:dev")
+
+
+def load_config(path: str | os.PathLike, overrides: dict | None = None) -> ExperimentConfig:
+    """Read and validate an experiment YAML (``overrides``: flat hyperparameter names, see below)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory, expected an experiment YAML file") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason})") from None
+    try:
+        root = yaml.compose(text)
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{path}{where}: not valid YAML: {problem}") from None
+    if raw is None:
+        raise ConfigError(f"{path}: the file is empty; an experiment needs at least name, method and model.name")
+    cfg = parse_config(raw, source=str(path), root=root)
+    return with_overrides(cfg, overrides) if overrides else cfg
+
+
+# --------------------------------------------------------------------------- hyperparameters
+_HP_SECTIONS = ("train", "params", "model")
+_NOT_HYPERPARAMETERS = {"name", "output_dir", "log_every", "eval_at_start"}
+
+
+def hyperparameter_names(cfg: ExperimentConfig) -> set[str]:
+    names = set(TrainConfig.model_fields) | set(cfg.params) | {"dropout"}
+    return names - _NOT_HYPERPARAMETERS
+
+
+def hyperparameters(cfg: ExperimentConfig) -> dict[str, Any]:
+    """The flat ``{name: value}`` of every hyperparameter (MLflow params, table columns)."""
+    out: dict[str, Any] = {"method": cfg.method, "model": cfg.model.name, "train_data": cfg.data.train}
+    out.update({k: v for k, v in cfg.train.model_dump(mode="json").items() if k not in _NOT_HYPERPARAMETERS})
+    out.update(cfg.params)
+    out["dropout"] = cfg.model.dropout
+    return out
+
+
+def with_overrides(cfg: ExperimentConfig, overrides: dict[str, Any]) -> ExperimentConfig:
+    """A re-validated copy with flat hyperparameters replaced (``{'temperature': 0.1, 'lr': 1e-4}``).
+
+    Dotted paths (``train.seed``, ``data.train``) are accepted too.
+    """
+    raw = cfg.to_dict()
+    names = hyperparameter_names(cfg)
+    for key, value in overrides.items():
+        if "." in key:
+            section, _, field = key.partition(".")
+            if section not in raw or not isinstance(raw[section], dict):
+                raise ConfigError(f"override {key!r}: no config part {section!r}")
+            raw[section][field] = value
+        elif key == "dropout":
+            raw["model"]["dropout"] = value
+        elif key in TrainConfig.model_fields:
+            raw["train"][key] = value
+        elif key in raw["params"]:
+            raw["params"][key] = value
+        else:
+            raise ConfigError(f"override {key!r}: not a hyperparameter of {cfg.method}"
+                              f"{did_you_mean(key, names)}; allowed: {', '.join(sorted(names))}")
+    if isinstance(raw.get("train", {}).get("adam_betas"), list):
+        raw["train"]["adam_betas"] = tuple(raw["train"]["adam_betas"])
+    return parse_config(raw, source=cfg._source, check_search=False)
+
+
+def finite(x: float) -> bool:
+    return x is not None and not (isinstance(x, float) and (math.isnan(x) or math.isinf(x)))

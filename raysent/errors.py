@@ -1,0 +1,34 @@
+"""User-facing errors.
+
+Every error a user can cause (a bad config, a malformed data file, a missing model) is a
+:class:`RaysentError`. The command line prints its message and exits with status 2, never a
+traceback from deep inside a library. The message says what was wrong, where (file, line,
+field) and what is allowed.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class RaysentError(Exception):
+    """An error caused by the user's input, with a message meant to be read by that user."""
+
+
+class ConfigError(RaysentError):
+    """An experiment YAML that does not validate."""
+
+
+class DataError(RaysentError):
+    """A data set that cannot be found or read."""
+
+
+class ModelError(RaysentError):
+    """A model that cannot be found or loaded."""
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """' (did you mean 'x'?)' when a close match exists, else ''."""
+    match = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" (did you mean '{match[0]}'?)" if match else ""

@@ -1,0 +1,28 @@
+"""Every published method, one file each, registered by name. Imports no Ray and no MLflow."""
+
+from __future__ import annotations
+
+from raysent.errors import RaysentError, did_you_mean
+from raysent.methods.base import Gatherer, LossOutput, Method, MethodParams
+from raysent.methods.baseline import Baseline
+from raysent.methods.simcse_unsup import SimCSEUnsup
+
+METHODS: dict[str, type[Method]] = {
+    cls.name: cls
+    for cls in (
+        SimCSEUnsup,
+        Baseline,
+    )
+}
+
+
+def get_method(name: str) -> type[Method]:
+    try:
+        return METHODS[name]
+    except KeyError:
+        raise RaysentError(
+            f"unknown method {name!r}{did_you_mean(name, METHODS)}; allowed: {', '.join(METHODS)}"
+        ) from None
+
+
+__all__ = ["METHODS", "Gatherer", "LossOutput", "Method", "MethodParams", "get_method"]

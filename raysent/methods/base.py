@@ -1,0 +1,147 @@
+"""What every method is: an ``nn.Module`` whose ``forward(batch)`` returns the training loss.
+
+A method owns the encoder and whatever heads its paper adds. The trainer (raysent.train) knows
+nothing about any method: it gives the method batches, calls ``forward``, steps the optimizer,
+and asks the method for inference embeddings (``embed``) and an exported model (``export``).
+
+Negatives across workers: the trainer injects a :class:`Gatherer`. ``gather(x)`` returns the
+rows of ``x`` from every worker concatenated (this worker's rows carry their gradient, and the
+gradient reaches the other workers' rows too), and ``offset`` is where this worker's rows start.
+With one worker it is the identity, so a loss written as "local rows against gathered columns"
+is the same code on 1 and N workers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from pydantic import BaseModel, ConfigDict
+from torch import nn
+
+from raysent.models.encoder import Encoder
+from raysent.models.heads import MLPHead
+from raysent.models.pooling import inference_pooling, pool, uses_mlp
+
+
+class MethodParams(BaseModel):
+    """Base of every method's hyperparameters: typed, defaults from the paper, no unknown keys."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class Gatherer:
+    """Identity gatherer (one worker). The distributed one lives in raysent.train.gather."""
+
+    rank: int = 0
+    world_size: int = 1
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def offset(self, local_rows: int) -> int:
+        return self.rank * local_rows
+
+    def gather_nograd(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+@dataclass
+class LossOutput:
+    loss: torch.Tensor
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def cosine_matrix(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """[n, m] cosine similarities between the rows of a [n, d] and b [m, d]."""
+    return nn.functional.normalize(a, dim=-1) @ nn.functional.normalize(b, dim=-1).T
+
+
+def batch_views(tok: dict, n: int) -> dict:
+    """The same tokenized batch repeated ``n`` times along the batch axis (one forward, n views)."""
+    return {k: torch.cat([v] * n, dim=0) for k, v in tok.items()}
+
+
+def concat_batches(*toks: dict) -> dict:
+    """Several tokenized batches stacked into one (padded to the longest), for one forward."""
+    width = max(t["input_ids"].shape[1] for t in toks)
+    out: dict[str, list] = {}
+    for t in toks:
+        for k, v in t.items():
+            pad = width - v.shape[1]
+            out.setdefault(k, []).append(nn.functional.pad(v, (0, pad), value=0) if pad else v)
+    return {k: torch.cat(v, dim=0) for k, v in out.items()}
+
+
+class Method(nn.Module):
+    """Base class. Subclasses set the class attributes and implement ``forward``."""
+
+    name: ClassVar[str]
+    paper: ClassVar[str]  # "Authors Year. Title" of the paper whose equations the file implements
+    summary: ClassVar[str]
+    Params: ClassVar[type[MethodParams]] = MethodParams
+    kind: ClassVar[str] = "sentences"  # the training data it needs: sentences | triplets | nli_pairs
+    seeds: ClassVar[tuple[int, ...]] = (42,)
+    variants: ClassVar[dict[str, tuple]] = {}  # selectable variants, listed by `raysent methods`
+    model_defaults: ClassVar[dict[str, Any]] = {}
+    data_defaults: ClassVar[dict[str, Any]] = {}
+    train_defaults: ClassVar[dict[str, Any]] = {}
+    eval_defaults: ClassVar[dict[str, Any]] = {}
+    trains: ClassVar[bool] = True  # False for the no-tuning baseline
+
+    def __init__(self, encoder: Encoder, params: MethodParams):
+        super().__init__()
+        self.encoder = encoder
+        self.params = params
+        self.gatherer: Gatherer = Gatherer()
+        pooling = getattr(params, "pooling", None)
+        self.mlp = MLPHead(encoder.hidden_size) if pooling and uses_mlp(pooling, training=True) else None
+
+    # ------------------------------------------------------------ class-level description
+    @classmethod
+    def defaults(cls, params: MethodParams) -> dict[str, dict]:
+        """Paper defaults for the config parts (may depend on the method's params)."""
+        return {"model": dict(cls.model_defaults), "data": dict(cls.data_defaults),
+                "train": dict(cls.train_defaults), "eval": dict(cls.eval_defaults)}
+
+    @classmethod
+    def data_kind(cls, params: MethodParams) -> str:
+        return cls.kind
+
+    # ------------------------------------------------------------ training data
+    def fields(self, data) -> tuple[dict[str, list[str]], dict[str, Any]]:
+        """Texts to tokenize per batch field, and extra per-example arrays (labels, groups)."""
+        return {"text": data.sentences()}, {}
+
+    def groups(self, data):
+        """Per-example group ids when a batch must keep groups together (SupCon), else None."""
+        return None
+
+    def set_gatherer(self, gatherer: Gatherer) -> None:
+        self.gatherer = gatherer
+
+    # ------------------------------------------------------------ encoding
+    def pool_train(self, hidden_states, attention_mask, pooling: str | None = None) -> torch.Tensor:
+        pooling = pooling or self.params.pooling
+        return pool(pooling, hidden_states, attention_mask, mlp=self.mlp, training=True)
+
+    def inference_pooling(self) -> str:
+        return inference_pooling(self.params.pooling)
+
+    def embed(self, tok: dict) -> torch.Tensor:
+        """Inference sentence vectors for one tokenized batch (the method's evaluation pooling)."""
+        pooling = self.inference_pooling()
+        mlp = self.mlp if uses_mlp(pooling, training=False) else None
+        return self.encoder.embed(tok, pooling, mlp=mlp)
+
+    def export(self, path, extra: dict | None = None):
+        """Save the inference model: a save_pretrained folder any HF tool loads, + raysent.json."""
+        return self.encoder.save(path, pooling=self.inference_pooling(), mlp=self.mlp,
+                                 extra={"method": self.name, **(extra or {})})
+
+    def trainable_parameters(self):
+        return [p for p in self.parameters() if p.requires_grad]
+
+    def forward(self, batch: dict) -> LossOutput:  # pragma: no cover - abstract
+        raise NotImplementedError

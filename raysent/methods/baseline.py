@@ -1,0 +1,33 @@
+"""No tuning: a pre-trained encoder read off with a fixed pooling.
+
+The rows "BERT-base + No tuning CLS / Mean" of SG-BERT's Table 1 (Kim et al. 2021) and of
+ConSERT's Table 2 (Yan et al. 2021): every method's starting point. Training a baseline runs no
+optimizer step: it evaluates the encoder as it is with ``params.pooling`` (any pooling of
+raysent.models.pooling: cls_before_pooler, mean, max, first_last_avg, last2_avg, layer<K>_<...>)
+and exports it, so tables carry its row like any other run.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from raysent.methods.base import LossOutput, Method
+from raysent.methods.simcse_unsup import PoolingParams
+
+
+class BaselineParams(PoolingParams):
+    pooling: str = Field("mean", description="how vectors are read off the untuned encoder")
+
+
+class Baseline(Method):
+    name = "baseline"
+    paper = "no tuning (the 'No tuning' rows of Kim et al. 2021 Table 1 and Yan et al. 2021 Table 2)"
+    summary = "the raw encoder with any pooling; no training step"
+    Params = BaselineParams
+    kind = "sentences"
+    trains = False
+    data_defaults = {"train": "stsb:train"}
+    train_defaults = {"max_steps": 1, "eval_at_start": True}
+
+    def forward(self, batch: dict) -> LossOutput:  # pragma: no cover - never trained
+        raise RuntimeError("the baseline method does not train")

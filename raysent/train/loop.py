@@ -1,0 +1,402 @@
+"""The training loop: one function of (config, method, data, hooks) for every method.
+
+``run_training`` is the whole loop: AdamW, linear schedule with warmup, gradient clipping,
+optional autocast, dev evaluation every ``train.eval_every`` steps (and at step 0 and at the end),
+the best model exported with ``save_pretrained`` whenever the dev score improves, patience,
+resumable checkpoints. It does not know whether it runs in this process (:class:`LocalHooks`)
+or on one of N Ray Train workers (raysent.train.ray.RayHooks): everything that differs (devices,
+gathering negatives across workers, where checkpoints go, how metrics are reported) goes through
+the ``hooks`` object.
+
+A checkpoint is a folder with ``state.pt`` (model, optimizer, scheduler, step, the RNG states of
+every worker, the best dev score so far, the dev curve) and ``best/`` (the best model so far, an
+HF folder), so resuming from it continues exactly where the run was, and nothing is lost when a
+worker or the whole run dies.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import random
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from raysent.config import ExperimentConfig
+from raysent.data.batching import GlobalBatches, TokenizedData, local_part
+from raysent.errors import RaysentError
+from raysent.eval.sts import evaluate_dev
+from raysent.methods import Gatherer, Method
+from raysent.models.embedder import Embedder
+
+log = logging.getLogger("raysent.train")
+
+STATE_FILE = "state.pt"
+BEST_DIR = "best"
+
+
+class NonFiniteLossError(RaysentError):
+    """The loss became NaN or infinite (a diverging configuration, e.g. too high a learning rate)."""
+
+
+# --------------------------------------------------------------------------- hooks
+class TrainHooks:
+    """How the loop meets the outside world. This base is one worker in this process."""
+
+    rank = 0
+    world_size = 1
+
+    def __init__(self, output_dir: str | Path, resume: bool = False, quiet: bool = False):
+        self.output_dir = Path(output_dir)
+        self.resume = resume
+        self.quiet = quiet
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+    # distributed pieces (identity on one worker)
+    def gatherer(self) -> Gatherer:
+        return Gatherer()
+
+    def wrap(self, method: Method) -> torch.nn.Module:
+        return method
+
+    def broadcast(self, obj: Any) -> Any:
+        return obj
+
+    def all_gather_object(self, obj: Any) -> list:
+        return [obj]
+
+    def mean_across(self, value: float) -> float:
+        return value
+
+    # where checkpoints go
+    def restore_dir(self) -> Path | None:
+        ckpt = self.output_dir / "checkpoint"
+        return ckpt if self.resume and (ckpt / STATE_FILE).is_file() else None
+
+    def scratch_dir(self) -> Path:
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        return self.output_dir
+
+    def report(self, metrics: dict, checkpoint_dir: Path | None) -> None:
+        """Keep the newest checkpoint in <output_dir>/checkpoint (replaced atomically)."""
+        if checkpoint_dir is not None:
+            final = self.output_dir / "checkpoint"
+            old = self.output_dir / ".checkpoint.old"
+            if final.exists():
+                final.rename(old)
+            Path(checkpoint_dir).rename(final)
+            shutil.rmtree(old, ignore_errors=True)
+        if "dev_spearman" in metrics and not metrics.get("done"):
+            self.log(_format_eval(metrics))
+
+    def log(self, msg: str) -> None:
+        if self.rank == 0 and not self.quiet:
+            print(msg, flush=True)
+
+
+def _format_eval(m: dict) -> str:
+    parts = [f"step {m['step']}", f"dev {m['dev_spearman']:.2f}", f"best {m['best_dev_spearman']:.2f} "
+             f"(step {m['best_step']})"]
+    if m.get("loss") is not None and math.isfinite(m["loss"]):
+        parts.append(f"loss {m['loss']:.4f}")
+    return "[eval] " + ", ".join(parts)
+
+
+# --------------------------------------------------------------------------- state
+@dataclass
+class TrainState:
+    step: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0
+    best_score: float = -math.inf
+    best_step: int = -1
+    evals_since_best: int = 0
+    dev_curve: list[dict] = field(default_factory=list)
+    loss_curve: list[dict] = field(default_factory=list)
+    initial_dev: dict | None = None
+    train_seconds: float = 0.0
+    stopped_early: bool = False
+
+
+def set_seed(seed: int, rank: int = 0) -> None:
+    """Seed python, numpy and torch; each worker gets its own stream (seed, rank)."""
+    s = seed * 1000 + rank
+    random.seed(s)
+    np.random.seed(s % (2**32))
+    torch.manual_seed(s)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(s)
+
+
+def _rng_state() -> dict:
+    st = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        st["cuda"] = torch.cuda.get_rng_state_all()
+    return st
+
+
+def _set_rng_state(st: dict) -> None:
+    random.setstate(st["python"])
+    np.random.set_state(st["numpy"])
+    torch.set_rng_state(st["torch"])
+    if "cuda" in st and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(st["cuda"])
+
+
+def _link_tree(src: Path, dst: Path) -> None:
+    """Copy a folder using hard links where the filesystem allows (checkpoints stay cheap)."""
+    def link(s, d):
+        try:
+            os.link(s, d)
+        except OSError:
+            shutil.copy2(s, d)
+    shutil.copytree(src, dst, copy_function=link)
+
+
+# --------------------------------------------------------------------------- optimizer
+def build_optimizer(cfg: ExperimentConfig, method: Method, total_steps: int):
+    from transformers import get_linear_schedule_with_warmup
+
+    t = cfg.train
+    decay, no_decay = [], []
+    for name, p in method.named_parameters():
+        if not p.requires_grad:
+            continue
+        (no_decay if (name.endswith("bias") or "LayerNorm" in name or "layer_norm" in name) else decay).append(p)
+    groups = [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    opt = torch.optim.AdamW([g for g in groups if g["params"]], lr=t.lr, betas=tuple(t.adam_betas), eps=t.adam_eps)
+    sched = get_linear_schedule_with_warmup(opt, int(round(t.warmup_ratio * total_steps)), max(total_steps, 1))
+    return opt, sched
+
+
+# --------------------------------------------------------------------------- the loop
+def run_training(cfg: ExperimentConfig, method: Method, data: TokenizedData, dev_specs: list[str],
+                 hooks: TrainHooks, groups: np.ndarray | None = None,
+                 fail_at_step: int | None = None) -> dict:
+    """Train ``method`` on ``data``; returns the run summary (also written to result.json on rank 0).
+
+    ``fail_at_step`` raises once at that step (tests of recovery; only when no checkpoint is being
+    resumed).
+    """
+    t = cfg.train
+    set_seed(t.seed, hooks.rank)
+    device = hooks.device
+    method.to(device)
+    method.set_gatherer(hooks.gatherer())
+    world = hooks.world_size
+    if t.batch_size % world:
+        raise RaysentError(f"train.batch_size {t.batch_size} does not split evenly over {world} workers")
+    lengths = data.lengths() if t.bucket_by_length else None
+    batches = GlobalBatches(len(data), t.batch_size, seed=t.seed, groups=groups, bucket_lengths=lengths)
+    steps_per_epoch = len(batches)
+    total = steps_per_epoch * t.epochs
+    if t.max_steps is not None:
+        total = min(total, t.max_steps)
+    if not method.trains:
+        total = 0
+    optimizer, scheduler = build_optimizer(cfg, method, total) if method.trains else (None, None)
+    model = hooks.wrap(method)
+    use_amp = device.type == "cuda" and t.precision != "fp32"
+    amp_dtype = torch.bfloat16 if t.precision == "bf16" else torch.float16
+    scaler = torch.amp.GradScaler("cuda") if (use_amp and t.precision == "fp16") else None
+    if t.precision != "fp32" and device.type != "cuda":
+        hooks.log(f"NOTE: train.precision={t.precision} applies on GPU only; this run trains in fp32 on "
+                  f"{device.type} (recorded in the result)")
+
+    scratch = hooks.scratch_dir() if hooks.rank == 0 else None
+    best_dir = (scratch / BEST_DIR) if scratch is not None else None
+    state = TrainState()
+    restored = hooks.restore_dir()
+    if restored is not None:
+        ckpt = torch.load(restored / STATE_FILE, map_location=device, weights_only=False)
+        method.load_state_dict(ckpt["method"])
+        if optimizer is not None:
+            optimizer.load_state_dict(ckpt["optimizer"])
+            scheduler.load_state_dict(ckpt["scheduler"])
+        if scaler is not None and ckpt.get("scaler"):
+            scaler.load_state_dict(ckpt["scaler"])
+        state = TrainState(**ckpt["state"])
+        _set_rng_state(ckpt["rng"][hooks.rank])
+        if best_dir is not None and (restored / BEST_DIR).is_dir() and restored.resolve() != scratch.resolve():
+            shutil.rmtree(best_dir, ignore_errors=True)
+            _link_tree(restored / BEST_DIR, best_dir)
+        hooks.log(f"resumed from {restored} at step {state.step} (best dev {state.best_score:.2f} at "
+                  f"step {state.best_step})")
+        fail_at_step = None
+
+    dev_sets = None
+    if hooks.rank == 0:
+        from raysent.data import load
+
+        dev_sets = {s: load(s, "scored_pairs") for s in dev_specs}
+    embedder = Embedder(method.embed, method.encoder.tokenizer, module=method, max_length=cfg.eval.max_length,
+                        batch_size=cfg.eval.batch_size, device=device)
+
+    def evaluate() -> dict | None:
+        scores = None
+        if hooks.rank == 0:
+            scores = evaluate_dev(embedder, sets=dev_sets)
+        return hooks.broadcast(scores)
+
+    def checkpoint_and_report(metrics: dict, improved: bool) -> None:
+        rng = hooks.all_gather_object(_rng_state())
+        ckpt_dir = None
+        if hooks.rank == 0:
+            if improved:
+                tmp_best = Path(tempfile.mkdtemp(dir=scratch, prefix=".best-"))
+                method.export(tmp_best, extra={"dev_spearman": state.best_score, "step": state.step,
+                                               "config": cfg.to_dict()})
+                shutil.rmtree(best_dir, ignore_errors=True)
+                tmp_best.rename(best_dir)
+            ckpt_dir = Path(tempfile.mkdtemp(dir=scratch, prefix=".ckpt-"))
+            torch.save({
+                "method": method.state_dict(),
+                "optimizer": optimizer.state_dict() if optimizer is not None else None,
+                "scheduler": scheduler.state_dict() if scheduler is not None else None,
+                "scaler": scaler.state_dict() if scaler is not None else None,
+                "state": asdict(state),
+                "rng": rng,
+            }, ckpt_dir / STATE_FILE)
+            if best_dir.is_dir():
+                _link_tree(best_dir, ckpt_dir / BEST_DIR)
+        hooks.report(metrics, ckpt_dir)
+
+    def eval_step(loss_avg: float | None) -> bool:
+        """Evaluate, keep the best, checkpoint, report; True when patience says stop."""
+        scores = evaluate()
+        score = scores["dev_spearman"]
+        improved = score > state.best_score
+        if improved:
+            state.best_score, state.best_step, state.evals_since_best = score, state.step, 0
+        else:
+            state.evals_since_best += 1
+        state.dev_curve.append({"step": state.step, **scores})
+        if state.step == 0 and state.initial_dev is None:
+            state.initial_dev = scores
+        metrics = {"step": state.step, "epoch": state.epoch, "loss": loss_avg,
+                   "lr": scheduler.get_last_lr()[0] if scheduler is not None else 0.0, **scores,
+                   "best_dev_spearman": state.best_score, "best_step": state.best_step, "done": False}
+        stop = t.patience is not None and state.evals_since_best >= t.patience
+        checkpoint_and_report(metrics, improved)
+        return stop
+
+    hooks.log(f"training {method.name} on {len(data):,} examples: {total} steps of {t.batch_size} "
+              f"({steps_per_epoch} per epoch) on {world} worker(s), device {device.type}")
+    model.train()
+    if state.step == 0 and not state.dev_curve and (t.eval_at_start or total == 0):
+        eval_step(None)
+
+    run_start = time.perf_counter() - state.train_seconds
+    window_loss, window_n = 0.0, 0  # since the last evaluation
+    log_loss, log_n = 0.0, 0  # since the last progress line
+    stop = state.stopped_early
+    while state.step < total and not stop:
+        epoch_batches = batches.epoch(state.epoch)
+        while state.batch_in_epoch < len(epoch_batches) and state.step < total and not stop:
+            if fail_at_step is not None and state.step == fail_at_step:
+                fail_at_step = None
+                raise RuntimeError(f"injected failure at step {state.step} (test of recovery)")
+            idx = local_part(epoch_batches[state.batch_in_epoch], hooks.rank, world)
+            batch = _to_device(data.collate(idx), device)
+            with torch.autocast(device.type, dtype=amp_dtype, enabled=use_amp):
+                out = model(batch)
+            loss = out.loss
+            if not torch.isfinite(loss.detach()):
+                raise NonFiniteLossError(
+                    f"the loss became {loss.item()} at step {state.step + 1} (lr {scheduler.get_last_lr()[0]:.2e}); "
+                    "the configuration diverges: lower the learning rate or raise the temperature")
+            optimizer.zero_grad(set_to_none=True)
+            if scaler is not None:
+                scaler.scale(loss).backward()
+                scaler.unscale_(optimizer)
+            else:
+                loss.backward()
+            if t.grad_clip is not None:
+                torch.nn.utils.clip_grad_norm_(method.trainable_parameters(), t.grad_clip)
+            if scaler is not None:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
+            scheduler.step()
+            state.step += 1
+            state.batch_in_epoch += 1
+            epoch_done = state.batch_in_epoch >= len(epoch_batches)
+            if epoch_done:  # a checkpoint taken now resumes at the start of the next epoch
+                state.epoch += 1
+                state.batch_in_epoch = 0
+            loss_value = float(loss.detach())
+            window_loss, window_n = window_loss + loss_value, window_n + 1
+            log_loss, log_n = log_loss + loss_value, log_n + 1
+            if state.step % t.log_every == 0:
+                state.loss_curve.append({"step": state.step, "loss": log_loss / log_n})
+                elapsed = time.perf_counter() - run_start
+                rate = state.step / max(elapsed, 1e-9)
+                eta = (total - state.step) / max(rate, 1e-9)
+                hooks.log(f"step {state.step}/{total}  loss {log_loss / log_n:.4f}  "
+                          f"lr {scheduler.get_last_lr()[0]:.2e}  {rate:.2f} steps/s  eta {eta / 60:.1f} min")
+                log_loss, log_n = 0.0, 0
+            if state.step % t.eval_every == 0 or state.step == total:
+                state.train_seconds = time.perf_counter() - run_start
+                loss_avg = hooks.mean_across(window_loss / max(window_n, 1))
+                window_loss, window_n = 0.0, 0
+                if eval_step(loss_avg):
+                    state.stopped_early = stop = True
+                    hooks.log(f"early stop: no new best dev score in {t.patience} evaluations")
+            if epoch_done:
+                break
+    state.train_seconds = time.perf_counter() - run_start
+    summary = {
+        "method": method.name,
+        "best_dev_spearman": state.best_score,
+        "best_step": state.best_step,
+        "final_step": state.step,
+        "total_steps": total,
+        "stopped_early": state.stopped_early,
+        "initial_dev": state.initial_dev,
+        "dev_curve": state.dev_curve,
+        "loss_curve": state.loss_curve,
+        "train_seconds": state.train_seconds,
+        "steps_per_second": state.step / state.train_seconds if state.train_seconds > 0 else None,
+        "sentences_per_second": (state.step * t.batch_size / state.train_seconds) if state.train_seconds > 0 else None,
+        "workers": world,
+        "device": device.type,
+        "precision": t.precision if use_amp else "fp32",
+    }
+    if hooks.rank == 0:
+        summary["best_model_dir"] = str(best_dir)
+    final = {"step": state.step, "epoch": state.epoch, "best_dev_spearman": state.best_score,
+             "best_step": state.best_step, "done": True,
+             **(state.dev_curve[-1] if state.dev_curve else {})}
+    final.pop("step", None)
+    hooks.report({"step": state.step, **final}, None)
+    return summary
+
+
+def _to_device(batch: dict, device: torch.device) -> dict:
+    out = {}
+    for k, v in batch.items():
+        if isinstance(v, dict):
+            out[k] = {kk: vv.to(device, non_blocking=True) for kk, vv in v.items()}
+        elif isinstance(v, torch.Tensor):
+            out[k] = v.to(device, non_blocking=True)
+        else:
+            out[k] = v
+    return out
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as fh:
+        json.dump(obj, fh, indent=2, default=str)
+    os.replace(tmp, path)
