@@ -185,7 +185,7 @@ def cmd_data(args) -> int:
     root = data_dir()
     print(f"RAYSENT_DATA_DIR = {root or '(not set)'}\n")
     for name, d in DATASETS.items():
-        splits = sorted(set(d.local) | set(d.hub)) or [d.default_split]
+        splits = list(dict.fromkeys([*d.local, *d.hub])) or [d.default_split]
         print(f"{name:16s} {d.kind:13s} splits {'/'.join(splits)} (default {d.default_split})"
               + ("  [transductive]" if d.transductive else ""))
         print(f"{'':16s} {d.description}")

@@ -293,6 +293,8 @@ def _explain(err: dict, allowed_keys: dict[tuple, list[str]]) -> str:
     if kind == "missing":
         return f"{field}: required field is missing"
     msg = msg.removeprefix("Value error, ")
+    if kind == "string_pattern_mismatch" and loc == ("name",):
+        msg = "allowed: letters, digits, '.', '_' and '-', starting with a letter or digit (it names results/<name>/)"
     return f"{field}: got {_fmt_value(err.get('input'))}: {msg}"
 
 

@@ -299,7 +299,7 @@ def parse_spec(spec: str) -> tuple[str, list[str]]:
         )
     decl = DATASETS[name]
     split_list = [s for s in splits.split("+")] if splits else [decl.default_split]
-    known = sorted(set(decl.local) | set(decl.hub)) or [decl.default_split]
+    known = list(dict.fromkeys([*decl.local, *decl.hub])) or [decl.default_split]
     for s in split_list:
         if s not in known:
             raise DataError(

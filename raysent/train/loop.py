@@ -22,6 +22,7 @@ import math
 import os
 import random
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -100,7 +101,7 @@ class TrainHooks:
 
     def log(self, msg: str) -> None:
         if self.rank == 0 and not self.quiet:
-            print(msg, flush=True)
+            print(msg, file=sys.stderr, flush=True)
 
 
 def _format_eval(m: dict) -> str:

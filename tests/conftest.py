@@ -1,0 +1,46 @@
+"""Shared test setup: real data and models from ../shared (never copied into the repo)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+
+os.environ.setdefault("RAYSENT_DATA_DIR", str(SHARED / "data"))
+os.environ.setdefault("RAYSENT_MODEL_DIR", str(SHARED / "models"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no hub here: fail fast instead of waiting on the network
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+RAW_BERT = "raw-bert-mini-mlm"  # 4-layer MLM-only BERT: a raw starting point
+PARAPHRASE = "paraphrase-MiniLM-L3-v2"
+
+
+def pytest_configure(config):
+    for var in ("RAYSENT_DATA_DIR", "RAYSENT_MODEL_DIR"):
+        if not Path(os.environ[var]).is_dir():
+            raise pytest.UsageError(f"{var}={os.environ[var]} is not a folder: the tests read real data and "
+                                    "models from ../shared (see README, 'Tests')")
+
+
+@pytest.fixture(scope="session")
+def raw_encoder():
+    from raysent.models.encoder import Encoder
+
+    return Encoder.load(RAW_BERT)
+
+
+def run_cli(*args: str, check: bool = True, env: dict | None = None):
+    """Run the installed `raysent` command in a subprocess; returns CompletedProcess."""
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-m", "raysent.cli", *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, cwd=REPO)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"raysent {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc

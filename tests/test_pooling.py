@@ -1,0 +1,114 @@
+"""Every pooling against a hand-written computation on a padded batch; padding never pooled."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from raysent.models.heads import MLPHead
+from raysent.models.pooling import BASE_POOLINGS, pool
+
+B, T, D, L = 3, 6, 5, 4
+LENGTHS = [6, 3, 1]  # real tokens per row; the rest is padding
+
+
+@pytest.fixture()
+def batch():
+    g = torch.Generator().manual_seed(0)
+    hs = tuple(torch.randn(B, T, D, generator=g) for _ in range(L + 1))
+    mask = torch.zeros(B, T, dtype=torch.long)
+    for i, n in enumerate(LENGTHS):
+        mask[i, :n] = 1
+    # padding positions hold huge values: any pooling that touches them is visibly wrong
+    for h in hs:
+        h[mask == 0] = 1e4
+    return hs, mask
+
+
+def mean_rows(h, i):
+    return torch.stack([h[i, t] for t in range(LENGTHS[i])]).mean(0)
+
+
+def max_rows(h, i):
+    rows = [h[i, t] for t in range(LENGTHS[i])]
+    out = rows[0].clone()
+    for r in rows[1:]:
+        out = torch.maximum(out, r)
+    return out
+
+
+def expected(name, hs, mlp):
+    out = []
+    for i in range(B):
+        if name == "cls_before_pooler":
+            v = hs[-1][i, 0]
+        elif name == "cls":
+            v = torch.tanh(mlp.dense.weight @ hs[-1][i, 0] + mlp.dense.bias)
+        elif name == "mean":
+            v = mean_rows(hs[-1], i)
+        elif name == "max":
+            v = max_rows(hs[-1], i)
+        elif name == "first_last_avg":
+            v = (mean_rows(hs[1], i) + mean_rows(hs[-1], i)) / 2
+        elif name == "last2_avg":
+            v = (mean_rows(hs[-2], i) + mean_rows(hs[-1], i)) / 2
+        else:
+            raise AssertionError(name)
+        out.append(v)
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("name", ["cls", "cls_before_pooler", "mean", "max", "first_last_avg", "last2_avg"])
+def test_base_poolings(batch, name):
+    hs, mask = batch
+    mlp = MLPHead(D)
+    got = pool(name, hs, mask, mlp=mlp, training=False)
+    torch.testing.assert_close(got, expected(name, hs, mlp), rtol=1e-5, atol=1e-5)
+
+
+def test_cls_mlp_train_uses_mlp_only_while_training(batch):
+    hs, mask = batch
+    mlp = MLPHead(D)
+    torch.testing.assert_close(pool("cls_mlp_train", hs, mask, mlp=mlp, training=True), expected("cls", hs, mlp))
+    torch.testing.assert_close(pool("cls_mlp_train", hs, mask, mlp=mlp, training=False),
+                               expected("cls_before_pooler", hs, mlp))
+
+
+@pytest.mark.parametrize("k", range(L + 1))
+@pytest.mark.parametrize("how", ["cls", "mean", "max"])
+def test_single_layer(batch, k, how):
+    hs, mask = batch
+    got = pool(f"layer{k}_{how}", hs, mask)
+    if how == "cls":
+        want = hs[k][:, 0]
+    else:
+        want = torch.stack([(mean_rows if how == "mean" else max_rows)(hs[k], i) for i in range(B)])
+    torch.testing.assert_close(got, want)
+
+
+def test_every_base_pooling_is_covered():
+    assert set(BASE_POOLINGS) == {"cls", "cls_before_pooler", "cls_mlp_train", "mean", "max", "first_last_avg",
+                                  "last2_avg"}
+
+
+def test_unknown_and_out_of_range_poolings(batch):
+    hs, mask = batch
+    with pytest.raises(ValueError, match="unknown pooling 'avg'"):
+        pool("avg", hs, mask)
+    with pytest.raises(ValueError, match="layers 0..4"):
+        pool("layer9_mean", hs, mask)
+
+
+@pytest.mark.parametrize("name", ["cls_before_pooler", "mean", "max", "first_last_avg", "last2_avg", "layer2_max"])
+def test_real_encoder_padding_does_not_change_vectors(raw_encoder, name):
+    """A sentence embedded alone equals the same sentence inside a padded batch (masks respected)."""
+    tok = raw_encoder.tokenizer
+    short, long = "A man plays a guitar.", "A group of children are playing football on a sunny beach near the sea."
+    alone = tok([short], return_tensors="pt")
+    padded = tok([long, short], return_tensors="pt", padding=True)
+    assert padded["attention_mask"][1].sum() < padded["attention_mask"].shape[1]  # really padded
+    raw_encoder.eval()
+    with torch.no_grad():
+        v_alone = raw_encoder.embed(dict(alone), name)[0]
+        v_padded = raw_encoder.embed(dict(padded), name)[1]
+    torch.testing.assert_close(v_alone, v_padded, rtol=1e-4, atol=1e-5)
