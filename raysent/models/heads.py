@@ -58,3 +58,48 @@ class PairClassifier(nn.Module):
 
     def forward(self, u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return self.linear(self.features(u, v))
+
+
+class LayerAttentionPooler(nn.Module):
+    """Layer-wise attention pooling (Oh et al. 2022. Don't Judge a Language Model by Its Last Layer,
+    ../shared/papers/002_*.txt, §2.1, Eq. 1-5).
+
+    For each layer i of the N hidden states (the embedding layer included, as the official code
+    nlpods/LayerAttPooler does), h^c_i is its [CLS] vector and h^a_i the mean of its tokens:
+
+        α_ij  = softmax_j( (W_q h^c_i) · (W_k h^a_j) )          (Eq. 1: the paper writes the
+                                                                 normalisation as a ratio; this is
+                                                                 Luong's multiplicative attention
+                                                                 it cites, and the code's softmax)
+        h^l_i = Σ_j α_ij W_v h^a_j                               (Eq. 2)
+        h^L   = (1/N) Σ_i h^l_i                                  (Eq. 3)
+        h^CL  = [h^c_last ; h^L]                                 (Eq. 4)
+        h     = MLP(h^CL) = tanh(W h^CL + b), back to hidden d    (Eq. 5, SimCSE's MLP, Appendix B)
+
+    W_q, W_k, W_v are d×d without bias. (The official code also divides the scores by N and applies
+    RReLU after each projection; neither is in the paper, so neither is here.)
+    """
+
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.w_q = nn.Linear(hidden, hidden, bias=False)
+        self.w_k = nn.Linear(hidden, hidden, bias=False)
+        self.w_v = nn.Linear(hidden, hidden, bias=False)
+        self.mlp = MLPHead(hidden, in_features=2 * hidden)
+        init_bert_style(self)
+
+    def attention(self, hidden_states, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(α [B, N, N], h^L [B, d]) for all hidden states (Eq. 1-3)."""
+        stack = torch.stack(tuple(hidden_states), dim=1)  # [B, N, T, d]
+        cls = stack[:, :, 0]  # h^c_i: [B, N, d]
+        mask = attention_mask[:, None, :, None].to(stack.dtype)
+        avg = (stack * mask).sum(2) / mask.sum(2).clamp(min=1e-9)  # h^a_j: [B, N, d]
+        scores = torch.einsum("bid,bjd->bij", self.w_q(cls), self.w_k(avg))
+        alpha = scores.softmax(dim=-1)
+        h_l = torch.einsum("bij,bjd->bid", alpha, self.w_v(avg))  # Eq. 2
+        return alpha, h_l.mean(dim=1)  # Eq. 3
+
+    def forward(self, hidden_states, attention_mask: torch.Tensor) -> torch.Tensor:
+        _, h_big_l = self.attention(hidden_states, attention_mask)
+        h_cl = torch.cat([hidden_states[-1][:, 0], h_big_l], dim=-1)  # Eq. 4
+        return self.mlp(h_cl)  # Eq. 5

@@ -18,6 +18,8 @@ name                   vector
 ``last2_avg``          mean over tokens of (layer L-1 + layer L) / 2 (ConSERT's evaluation pooling,
                        Yan et al. 2021, §4.1)
 ``layer<K>_<cls|mean|max>``  one layer K (0 = embeddings) with cls, mean or max, e.g. ``layer2_mean``
+``layeratt``           the trained layer-wise attention pooler of Oh et al. 2022 (Eq. 1-5), only
+                       for models trained with the ``layeratt`` method (the head is saved with them)
 =====================  =========================================================================
 """
 
@@ -29,11 +31,12 @@ from collections.abc import Sequence
 import torch
 
 BASE_POOLINGS = ("cls", "cls_before_pooler", "cls_mlp_train", "mean", "max", "first_last_avg", "last2_avg")
+HEAD_POOLINGS = ("layeratt",)  # need a trained head that travels with the model
 _LAYER_RE = re.compile(r"^layer(\d+)_(cls|mean|max)$")
 
 
 def is_valid_pooling(name: str) -> bool:
-    return name in BASE_POOLINGS or bool(_LAYER_RE.match(str(name)))
+    return name in BASE_POOLINGS or name in HEAD_POOLINGS or bool(_LAYER_RE.match(str(name)))
 
 
 def describe_allowed() -> str:
@@ -46,8 +49,8 @@ def inference_pooling(name: str) -> str:
 
 
 def uses_mlp(name: str, training: bool) -> bool:
-    """Whether the pooling passes [CLS] through the dense+tanh MLP."""
-    return name == "cls" or (name == "cls_mlp_train" and training)
+    """Whether the pooling needs a head: the dense+tanh [CLS] MLP, or a trained pooler (layeratt)."""
+    return name in ("cls", "layeratt") or (name == "cls_mlp_train" and training)
 
 
 def masked_mean(tokens: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -71,10 +74,15 @@ def pool(
 ) -> torch.Tensor:
     """Sentence vectors [B, d] for the pooling ``name`` (see the module docstring).
 
-    ``mlp`` is the dense+tanh applied to [CLS] for ``cls`` (and ``cls_mlp_train`` while training);
-    it is required for those and ignored otherwise.
+    ``mlp`` is the head: the dense+tanh applied to [CLS] for ``cls`` (and ``cls_mlp_train`` while
+    training), or the layer-wise attention pooler for ``layeratt``; required for those, ignored
+    otherwise.
     """
     last = hidden_states[-1]
+    if name == "layeratt":
+        if mlp is None:
+            raise ValueError("pooling 'layeratt' needs the trained layer-wise attention pooler")
+        return mlp(hidden_states, attention_mask)
     if name in ("cls", "cls_before_pooler", "cls_mlp_train"):
         vec = last[:, 0]
         if uses_mlp(name, training):

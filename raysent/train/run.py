@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-from raysent.config import ExperimentConfig
+from raysent.config import ExperimentConfig, with_overrides
 from raysent.data import load
 from raysent.data.batching import TokenizedData
 from raysent.methods import Method, get_method
+from raysent.methods.base import PREVIOUS_STAGE_BEST
 from raysent.models.encoder import Encoder
 from raysent.train.loop import TrainHooks, run_training, write_json_atomic
 
@@ -47,16 +51,57 @@ def _head(data, n: int):
     return dataclasses.replace(data, **changes)
 
 
+def train_stages(cfg: ExperimentConfig, train_one: Callable[[ExperimentConfig], dict], resume: bool = False,
+                 log: Callable[[str], None] = print) -> dict:
+    """Run a method's stages in order (one stage for most methods), each from the last one's best model.
+
+    A finished stage (its result.json exists) is not run again with ``resume``.
+    """
+    stages = get_method(cfg.method).stages(cfg)
+    if not stages:
+        return train_one(cfg)
+    out = cfg.output_dir()
+    previous, records, summary = None, [], {}
+    for i, (label, overrides) in enumerate(stages):
+        last = i == len(stages) - 1
+        ov = {k: (previous if v == PREVIOUS_STAGE_BEST else v) for k, v in overrides.items()}
+        ov["train.output_dir"] = str(out if last else out / label)
+        stage_cfg = with_overrides(cfg, ov)
+        done = Path(ov["train.output_dir"]) / "result.json"
+        if resume and not last and done.is_file():
+            summary = json.loads(done.read_text())
+            log(f"stage {label}: already finished ({done}), not run again")
+        else:
+            log(f"stage {i + 1}/{len(stages)} ({label}): {stage_cfg.method} on {stage_cfg.data.train}")
+            summary = train_one(stage_cfg)
+        previous = summary["best_model_dir"]
+        records.append({"stage": label, "method": stage_cfg.method, "data": stage_cfg.data.train,
+                        "best_dev_spearman": summary["best_dev_spearman"], "best_step": summary["best_step"],
+                        "initial_dev": summary.get("initial_dev"), "output_dir": summary["output_dir"]})
+    summary = {**summary, "stages": records, "initial_dev": records[0]["initial_dev"]}
+    write_json_atomic(out / "result.json", summary)
+    return summary
+
+
 def train_in_process(cfg: ExperimentConfig, resume: bool = False, quiet: bool = False,
                      fail_at_step: int | None = None) -> dict:
     """`raysent train` without resources.workers: the loop in this process, results in output_dir."""
-    out = cfg.output_dir()
-    t0 = time.time()
-    hooks = TrainHooks(out, resume=resume, quiet=quiet)
-    method = build_method(cfg)
-    data, groups, info = prepare_data(cfg, method)
-    summary = run_training(cfg, method, data, cfg.data.dev, hooks, groups=groups, fail_at_step=fail_at_step)
-    return finish(cfg, summary, info, out, t0)
+
+    def train_one(stage_cfg: ExperimentConfig) -> dict:
+        out = stage_cfg.output_dir()
+        t0 = time.time()
+        hooks = TrainHooks(out, resume=resume, quiet=quiet)
+        method = build_method(stage_cfg)
+        data, groups, info = prepare_data(stage_cfg, method)
+        summary = run_training(stage_cfg, method, data, stage_cfg.data.dev, hooks, groups=groups,
+                               fail_at_step=fail_at_step)
+        return finish(stage_cfg, summary, info, out, t0)
+
+    return train_stages(cfg, train_one, resume=resume, log=(lambda m: None) if quiet else _stderr)
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
 
 
 def finish(cfg: ExperimentConfig, summary: dict, data_info: dict, out: Path, t0: float) -> dict:

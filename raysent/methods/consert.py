@@ -1,0 +1,181 @@
+"""ConSERT (Yan, Li, Wang, Zhang, Wu, Xu 2021. ConSERT: A Contrastive Framework for Self-Supervised
+Sentence Representation Transfer; ../shared/papers/003_*.txt, §3; code yym6472/ConSERT).
+
+Two views of each sentence are made at the token-embedding layer (raysent.augment: ``none``,
+``shuffle``, ``token_cutoff``, ``feature_cutoff``, ``dropout``, and ``adversarial`` with
+supervision), encoded by the shared encoder and mean-pooled (r_i, r_j). The contrastive loss is
+NT-Xent over the 2N views of a batch (Eq. 1), averaged over the 2N:
+
+    L_{i,j} = −log  exp(sim(r_i, r_j)/τ) / Σ_{k=1..2N} 1[k≠i] exp(sim(r_i, r_k)/τ)
+
+Supervision (§3.3), with L_ce the softmax classifier over f = (r_1, r_2, |r_1 − r_2|) (Eq. 2):
+
+* ``unsup``: L_con on unlabelled text.
+* ``joint``: L_joint = L_ce + α·L_con on NLI (the contrastive views of premises and of hypotheses,
+  summed as the official code does); α = ``con_weight``. ``adversarial`` (FGV from the gradient of
+  L_ce) is allowed here, as the second view: it is computed from the first view's L_ce.
+* ``sup-unsup``: SBERT-NLI (L_ce, stage 1, on ``data.sup``), then ``unsup`` on ``data.train``.
+* ``joint-unsup``: ``joint`` (stage 1, on ``data.sup``), then ``unsup`` on ``data.train``.
+
+The two-stage modes run both stages from one config (``stages``): stage 1 uses ``sup_lr`` and
+``sup_epochs``; stage 2 starts from stage 1's best model.
+
+Defaults (§4.1): max length 64, the encoder's own dropout off (``model.dropout: 0``), token cutoff
+0.15, feature cutoff 0.2, dropout 0.2, τ 0.1, α 0.15, lr 5e-7, 10 % warmup, batch 96, STS-B dev
+every 200 steps; views feature_cutoff + shuffle (the best pair of Figure 5; the official
+unsup-consert-base.sh); mean pooling at train, the average of the last two layers at evaluation
+(§4.1 "Evaluation"). 10 epochs with patience 10 and the joint stage's lr 2e-5 / 1 epoch and FGV
+ε 1.0 come from the official scripts. Training text: every STS sentence (``sts-unlabeled``,
+transductive, Table 1).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import Field, field_validator, model_validator
+from torch.nn import functional as F
+
+from raysent.augment import AUGMENTATIONS, embedding_views, fgv_noise, shuffle_positions
+from raysent.methods.base import PREVIOUS_STAGE_BEST, LossOutput, Method, batch_views, concat_batches, nt_xent
+from raysent.methods.sbert_nli import nli_fields
+from raysent.methods.simcse_unsup import PoolingParams
+from raysent.models.heads import PairClassifier
+
+class ConSERTParams(PoolingParams):
+    supervision: Literal["unsup", "joint", "sup-unsup", "joint-unsup"] = Field("unsup", description="§3.3")
+    augmentations: tuple[str, str] = Field(("feature_cutoff", "shuffle"), description="the two views (§3.2)")
+    token_cutoff_rate: float = Field(0.15, ge=0, lt=1)
+    feature_cutoff_rate: float = Field(0.2, ge=0, lt=1)
+    dropout_rate: float = Field(0.2, ge=0, lt=1)
+    adv_epsilon: float = Field(1.0, gt=0, description="FGV perturbation norm per token")
+    temperature: float = Field(0.1, gt=0, description="τ of NT-Xent (§4.1, §5.4)")
+    con_weight: float = Field(0.15, ge=0, description="α of L_ce + α·L_con (joint)")
+    pooling: str = Field("mean", description="training pooling (§3.1)")
+    eval_pooling: str = Field("last2_avg", description="evaluation pooling (§4.1)")
+    sup_lr: float = Field(2e-5, gt=0, description="learning rate of the supervised first stage")
+    sup_epochs: int = Field(1, gt=0, description="epochs of the supervised first stage")
+
+    @field_validator("augmentations", mode="before")
+    @classmethod
+    def _aug(cls, v):
+        v = list(v) if isinstance(v, (list, tuple)) else v
+        if not isinstance(v, list) or len(v) != 2:
+            raise ValueError(f"two views are needed, e.g. [feature_cutoff, shuffle]; got {v!r}")
+        for a in v:
+            if a not in AUGMENTATIONS:
+                raise ValueError(f"unknown augmentation {a!r}; allowed: {', '.join(AUGMENTATIONS)}")
+        return tuple(v)
+
+    @model_validator(mode="after")
+    def _adversarial(self):
+        if "adversarial" in self.augmentations:
+            if self.supervision != "joint":
+                raise ValueError("the 'adversarial' view needs the supervised loss's gradient: only with "
+                                 "supervision 'joint'")
+            if self.augmentations[0] == "adversarial":
+                raise ValueError("'adversarial' must be the second view: its perturbation comes from the "
+                                 "supervised loss of the first view")
+        from raysent.models.pooling import describe_allowed, is_valid_pooling
+
+        if not is_valid_pooling(self.eval_pooling):
+            raise ValueError(f"unknown eval_pooling {self.eval_pooling!r}; allowed: {describe_allowed()}")
+        return self
+
+    def rates(self) -> dict[str, float]:
+        return {"token_cutoff": self.token_cutoff_rate, "feature_cutoff": self.feature_cutoff_rate,
+                "dropout": self.dropout_rate}
+
+
+class ConSERT(Method):
+    name = "consert"
+    paper = "Yan et al. 2021. ConSERT: A Contrastive Framework for Self-Supervised Sentence Representation Transfer"
+    summary = "two augmented views at the embedding layer, NT-Xent over 2N; unsup/joint/sup-unsup/joint-unsup"
+    Params = ConSERTParams
+    variants = {"supervision": ("unsup", "joint", "sup-unsup", "joint-unsup"), "augmentations": AUGMENTATIONS}
+    model_defaults = {"dropout": 0.0}
+
+    @classmethod
+    def defaults(cls, params: ConSERTParams) -> dict[str, dict]:
+        d = super().defaults(params)
+        joint = params.supervision == "joint"
+        d["train"] = {"batch_size": 96, "max_length": 64, "eval_every": 200, "warmup_ratio": 0.1,
+                      "lr": 2e-5 if joint else 5e-7, "epochs": 1 if joint else 10,
+                      **({} if joint else {"patience": 10})}
+        d["data"] = {"train": "snli"} if joint else {"train": "sts-unlabeled"}
+        if params.supervision in ("sup-unsup", "joint-unsup"):
+            d["data"]["sup"] = "snli"
+        return d
+
+    @classmethod
+    def data_kind(cls, params: ConSERTParams) -> str:
+        return "nli_pairs" if params.supervision == "joint" else "sentences"
+
+    @classmethod
+    def stages(cls, cfg) -> list[tuple[str, dict]] | None:
+        """Two-stage modes: (label, overrides) per stage; the last stage is the run itself."""
+        p = cfg.method_params
+        if p.supervision not in ("sup-unsup", "joint-unsup"):
+            return None
+        if p.supervision == "sup-unsup":
+            first = {"method": "sbert-nli", "params": {"pooling": p.pooling}, "model.dropout": None}
+        else:
+            first = {"params": {**cfg.params, "supervision": "joint"}}
+        first.update({"data.train": cfg.data.sup, "lr": p.sup_lr, "epochs": p.sup_epochs, "patience": None,
+                      "data.max_train_samples": cfg.data.max_train_samples})
+        second = {"params": {**cfg.params, "supervision": "unsup"}, "model.name": PREVIOUS_STAGE_BEST}
+        return [("stage1-" + ("sbert-nli" if p.supervision == "sup-unsup" else "joint"), first), ("stage2-unsup", second)]
+
+    def __init__(self, encoder, params: ConSERTParams):
+        super().__init__(encoder, params)
+        self.classifier = PairClassifier(encoder.hidden_size) if params.supervision == "joint" else None
+
+    def fields(self, data):
+        if self.params.supervision == "joint":
+            return nli_fields(data)
+        return super().fields(data)
+
+    def inference_pooling(self) -> str:
+        return self.params.eval_pooling
+
+    # ------------------------------------------------------------ views
+    def encode_views(self, tok: dict, row_views: list[str], noise=None, capture=None) -> torch.Tensor:
+        """Pooled representations of ``tok``'s rows, row i under view ``row_views[i]``."""
+        mask = tok["attention_mask"]
+        position_ids = None
+        if "shuffle" in row_views:
+            shuffled = shuffle_positions(mask)
+            plain = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
+            is_shuffle = torch.tensor([v == "shuffle" for v in row_views], device=mask.device)[:, None]
+            position_ids = torch.where(is_shuffle, shuffled, plain)
+        with embedding_views(self.encoder.embeddings, row_views, mask, self.params.rates(), noise=noise,
+                             capture=capture):
+            hs = self.encoder(tok["input_ids"], mask, position_ids=position_ids)
+        return self.pool_train(hs, mask)
+
+    def forward(self, batch: dict) -> LossOutput:
+        v1, v2 = self.params.augmentations
+        g, tau = self.gatherer, self.params.temperature
+        if self.params.supervision != "joint":
+            tok = batch["text"]
+            n = tok["input_ids"].shape[0]
+            r = self.encode_views(batch_views(tok, 2), [v1] * n + [v2] * n)  # both views, one forward
+            con = nt_xent(r[:n], r[n:], tau, gather=g, offset=g.offset(n))
+            return LossOutput(con)
+        n = batch["premise"]["input_ids"].shape[0]
+        tok = concat_batches(batch["premise"], batch["hypothesis"])  # premises, then hypotheses
+        if v2 == "adversarial":
+            captured: list = []
+            r1 = self.encode_views(tok, [v1] * 2 * n, capture=captured)
+            ce = F.cross_entropy(self.classifier(r1[:n], r1[n:]), batch["labels"])
+            grad, = torch.autograd.grad(ce, captured[0], retain_graph=True)
+            r2 = self.encode_views(tok, ["adversarial"] * 2 * n, noise=fgv_noise(grad, self.params.adv_epsilon))
+        else:
+            r = self.encode_views(batch_views(tok, 2), [v1] * 2 * n + [v2] * 2 * n)
+            r1, r2 = r[: 2 * n], r[2 * n:]
+            ce = F.cross_entropy(self.classifier(r1[:n], r1[n:]), batch["labels"])
+        off = g.offset(n)
+        con = nt_xent(r1[:n], r2[:n], tau, gather=g, offset=off) + nt_xent(r1[n:], r2[n:], tau, gather=g, offset=off)
+        loss = ce + self.params.con_weight * con
+        return LossOutput(loss, {"loss_ce": float(ce.detach()), "loss_con": float(con.detach())})

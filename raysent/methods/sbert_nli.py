@@ -1,0 +1,65 @@
+"""SBERT on NLI: the cross-entropy baseline (Reimers & Gurevych 2019, Sentence-BERT, §3; the "SBERT
+baseline" of Liao 2021, ../shared/papers/004_*.txt, Eq. 1; the first stage of ConSERT's
+sup-unsup, Yan et al. 2021 §3.3).
+
+Premise and hypothesis are encoded separately by the shared encoder and mean-pooled (u, v); a
+softmax classifier over (u, v, |u − v|) predicts entailment / neutral / contradiction:
+
+    L_CE = −(1/N) Σ_i Σ_c y_{i,c} log softmax(W·[u; v; |u−v|] + b)_c          (Liao 2021, Eq. 1)
+
+The classifier is dropped after training; sentences are embedded by mean pooling. (Liao's code
+stacks two linear layers without an activation between them, which is one linear map; SBERT's
+single linear layer is used.) Defaults, as Liao's SBERT baseline: batch 64, lr 2e-5, 1 epoch,
+10 % warmup, mean pooling, SNLI.
+"""
+
+from __future__ import annotations
+
+import torch
+from pydantic import Field
+from torch.nn import functional as F
+
+from raysent.methods.base import LossOutput, Method, concat_batches
+from raysent.methods.simcse_unsup import PoolingParams
+from raysent.models.heads import PairClassifier
+
+
+class SBERTNLIParams(PoolingParams):
+    pooling: str = Field("mean", description="SBERT's mean pooling")
+
+
+def nli_fields(data):
+    """Premise and hypothesis texts; labels and premise-group ids as extras."""
+    groups = {p: i for i, p in enumerate(dict.fromkeys(data.premise))}
+    return ({"premise": data.premise, "hypothesis": data.hypothesis},
+            {"labels": data.labels, "group": [groups[p] for p in data.premise]})
+
+
+class SBERTNLI(Method):
+    name = "sbert-nli"
+    paper = "Reimers & Gurevych 2019. Sentence-BERT (as the baseline of Liao 2021 and stage 1 of ConSERT sup-unsup)"
+    summary = "softmax classifier over (u, v, |u-v|) on NLI pairs, cross-entropy only"
+    Params = SBERTNLIParams
+    kind = "nli_pairs"
+    data_defaults = {"train": "snli"}
+    train_defaults = {"batch_size": 64, "lr": 2e-5, "epochs": 1, "warmup_ratio": 0.1, "max_length": 128,
+                      "eval_every": 250}
+
+    def __init__(self, encoder, params):
+        super().__init__(encoder, params)
+        self.classifier = PairClassifier(encoder.hidden_size)
+
+    def fields(self, data):
+        return nli_fields(data)
+
+    def encode_pairs(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """(u, v): premises and hypotheses pooled, in one forward pass."""
+        n = batch["premise"]["input_ids"].shape[0]
+        tok = concat_batches(batch["premise"], batch["hypothesis"])
+        z = self.pool_train(self.encoder(**tok), tok["attention_mask"])
+        return z[:n], z[n:]
+
+    def forward(self, batch: dict) -> LossOutput:
+        u, v = self.encode_pairs(batch)
+        loss = F.cross_entropy(self.classifier(u, v), batch["labels"])
+        return LossOutput(loss)

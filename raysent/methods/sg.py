@@ -1,0 +1,203 @@
+"""Self-guided contrastive learning, SG and SG-OPT (Kim, Yoo, Lee 2021. Self-Guided Contrastive
+Learning for BERT Sentence Representations; ../shared/papers/000_*.txt, §3; code galsang/SG-BERT).
+
+BERT is cloned into BERT_F (fixed: it only provides views) and BERT_T (tuned). For a batch of b
+sentences, BERT_F gives the hidden states of every layer k = 0..l (0: the embedding layer), and a
+pooling p turns each into a view (§3.1):
+
+    h_{i,k} = p(H_{i,k})            (p: max pooling by default, mean selectable; padding excluded)
+    h_i     = σ({h_{i,k}})          (σ: a uniform sampler over the layers, one draw per sentence)
+    c_i     = BERT_T(s_i)_[CLS]     (the last layer's [CLS]: the sentence vector after training)
+
+φ(u, v) = exp(g(f(u), f(v)) / τ) with g the cosine and f the projection head (two linear layers of
+width 4096, each followed by GELU; footnote 4), applied to c and h alike. The loss variants:
+
+* ``base`` (L^base, §3.1): NT-Xent over the 2b vectors X = {c_i} ∪ {h_i}; x_m's positive is its
+  match μ(x_m) (c_i ↔ h_i) and Z = Σ_{n≠m} φ(x_m, x_n); L = (1/2b) Σ_m −log(φ(x_m, μ(x_m)) / Z).
+* ``opt1`` (L^opt1, §3.2): only c_i as anchors; Ẑ = Σ_{j≠i} φ(c_i, c_j) + Σ_j φ(c_i, h_j).
+* ``opt2`` (L^opt2): only the c–h terms; Z = Σ_j φ(c_i, h_j).
+* ``opt3`` (L^opt3 and L^opt, the final SG-OPT loss): every layer's view guides c_i,
+  L_{i,k} = −log φ(c_i,h_{i,k}) / (φ(c_i,h_{i,k}) + Σ_{m≠i} Σ_{n=0..l} φ(c_i,h_{m,n})),
+  averaged over the b(l+1) pairs (i, k).
+
+Every variant adds λ·L^reg with L^reg = ‖BERT_F − BERT_T‖²₂, the sum of squared differences of all
+parameters (footnote 5; ``reg_lambda``). Layer 0 (the embeddings) of BERT_T is frozen (Figure 2).
+After training only BERT_T is kept and c_i is used as it is (plain [CLS], no head, no pooling).
+
+On several workers BERT_F lives on each worker outside DDP, and f(c), f(h) are gathered so every
+worker's anchors see the global batch's views as negatives.
+
+Defaults (Table 8): τ 0.01, λ 0.1, batch 16, lr 5e-5, AdamW β = (0.9, 0.9), 1 epoch, STS-B dev every
+50 steps, early-stopping endurance 10, seeds 1, 2, 3, 4, 1234, 2345, 3456, 7890; data: the
+sentences of STS-B train+dev+test (§4.2, ``stsb-unlabeled``); max length 128 and 10 % linear
+warmup come from the official code (the paper does not state them). Notes on the official code:
+it runs BERT_F with dropout on and pools views with mean by default; the paper says fixed and max,
+which is what is done here (``view_pooling: mean`` and ``frozen_dropout: true`` reproduce the code).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Literal
+
+import torch
+from pydantic import Field, model_validator
+from torch.nn import functional as F
+
+from raysent.methods.base import LossOutput, Method, MethodParams, cosine_matrix, nt_xent
+from raysent.models.heads import ProjectionHead
+from raysent.models.pooling import masked_max, masked_mean
+
+
+class SGParams(MethodParams):
+    loss: Literal["base", "opt1", "opt2", "opt3"] = Field("base", description="L^base, L^opt1, L^opt2, L^opt3")
+    temperature: float = Field(0.01, gt=0, description="τ (Table 8)")
+    reg_lambda: float = Field(0.1, ge=0, description="λ of λ·‖θ_F − θ_T‖² (Table 8)")
+    view_pooling: Literal["max", "mean"] = Field("max", description="p: pooling of BERT_F's layers (§3.1)")
+    layers: tuple[int, int] | None = Field(None, description="[first, last] layer of BERT_F used for views "
+                                           "(inclusive; 0 = embeddings); null: all 0..l")
+    head_width: int = Field(4096, gt=0, description="width of the projection head f (footnote 4)")
+    frozen_dropout: bool = Field(False, description="run BERT_F with dropout (the official code does)")
+
+    @model_validator(mode="after")
+    def _layers(self):
+        if self.layers is not None and not 0 <= self.layers[0] <= self.layers[1]:
+            raise ValueError(f"layers must be [first, last] with 0 <= first <= last, got {list(self.layers)}")
+        return self
+
+
+class SGOptParams(SGParams):
+    loss: Literal["base", "opt1", "opt2", "opt3"] = Field("opt3", description="L^opt3 (SG-OPT)")
+
+
+# --------------------------------------------------------------------------- the losses
+def loss_base(fc: torch.Tensor, fh: torch.Tensor, temperature: float, gather=None, offset: int = 0) -> torch.Tensor:
+    """L^base: NT-Xent over the 2b vectors {c} ∪ {h} (one sampled view per sentence), μ(c_i) = h_i.
+
+    ``fc``, ``fh`` [n, w] are this worker's projected c_i and h_i; rows are local, columns global.
+    """
+    return nt_xent(fc, fh, temperature, gather=gather, offset=offset)
+
+
+def loss_opt1(fc, fh, temperature: float, gather=None, offset: int = 0) -> torch.Tensor:
+    """L^opt1: anchors c_i only; negatives c_j (j≠i) and every h_j; positive h_i."""
+    gather = gather or (lambda x: x)
+    n = fc.shape[0]
+    all_c, all_h = gather(fc), gather(fh)
+    big_b = all_c.shape[0]
+    logits = cosine_matrix(fc, torch.cat([all_c, all_h], dim=0)) / temperature
+    local = torch.arange(n, device=fc.device) + offset
+    logits = logits.masked_fill(F.one_hot(local, 2 * big_b).bool(), float("-inf"))  # no φ(c_i, c_i)
+    return F.cross_entropy(logits, local + big_b)
+
+
+def loss_opt2(fc, fh, temperature: float, gather=None, offset: int = 0) -> torch.Tensor:
+    """L^opt2: anchors c_i; only the views h_j in Z."""
+    gather = gather or (lambda x: x)
+    logits = cosine_matrix(fc, gather(fh)) / temperature
+    return F.cross_entropy(logits, torch.arange(fc.shape[0], device=fc.device) + offset)
+
+
+def loss_opt3(fc: torch.Tensor, fh_layers: torch.Tensor, temperature: float, gather=None,
+              offset: int = 0) -> torch.Tensor:
+    """L^opt3 averaged over b(l+1): ``fh_layers`` [n, l+1, w] are every layer's projected view."""
+    gather = gather or (lambda x: x)
+    n, n_layers, w = fh_layers.shape
+    all_h = gather(fh_layers)  # [B, l+1, w]
+    big_b = all_h.shape[0]
+    s = (cosine_matrix(fc, all_h.reshape(big_b * n_layers, w)) / temperature).view(n, big_b, n_layers)
+    own = torch.arange(n, device=fc.device) + offset
+    pos = s[torch.arange(n, device=fc.device), own]  # [n, l+1]: φ(c_i, h_{i,k})
+    others = s.masked_fill(F.one_hot(own, big_b).bool()[:, :, None], float("-inf")).reshape(n, -1)
+    neg_lse = torch.logsumexp(others, dim=1, keepdim=True)  # log Σ_{m≠i} Σ_n φ(c_i, h_{m,n})
+    return (torch.logaddexp(pos, neg_lse) - pos).mean()
+
+
+LOSSES = {"base": loss_base, "opt1": loss_opt1, "opt2": loss_opt2}
+
+
+def l2_regularizer(tuned: torch.nn.Module, frozen: torch.nn.Module) -> torch.Tensor:
+    """L^reg = ‖θ_F − θ_T‖²₂ summed over every parameter of the encoder (footnote 5)."""
+    frozen_params = dict(frozen.named_parameters())
+    total = None
+    for name, p in tuned.named_parameters():
+        d = ((p - frozen_params[name].detach()) ** 2).sum()
+        total = d if total is None else total + d
+    return total
+
+
+# --------------------------------------------------------------------------- the method
+class SelfGuided(Method):
+    name = "sg"
+    paper = "Kim, Yoo, Lee 2021. Self-Guided Contrastive Learning for BERT Sentence Representations"
+    summary = "BERT_T's [CLS] pulled to BERT_F's layer views through a projection head; L^base by default"
+    Params = SGParams
+    kind = "sentences"
+    seeds = (1, 2, 3, 4, 1234, 2345, 3456, 7890)
+    variants = {"loss": ("base", "opt1", "opt2", "opt3"), "view_pooling": ("max", "mean")}
+    data_defaults = {"train": "stsb-unlabeled"}
+    train_defaults = {"batch_size": 16, "lr": 5e-5, "adam_betas": (0.9, 0.9), "epochs": 1, "eval_every": 50,
+                      "patience": 10, "max_length": 128, "warmup_ratio": 0.1}
+
+    def __init__(self, encoder, params: SGParams):
+        super().__init__(encoder, params)
+        # BERT_F: a frozen clone, out of the optimizer and (raysent.train.ray) out of DDP
+        self.frozen = copy.deepcopy(encoder.model)
+        for p in self.frozen.parameters():
+            p.requires_grad_(False)
+        self.frozen.eval()
+        for p in encoder.embeddings.parameters():  # layer 0 of BERT_T is frozen (Figure 2)
+            p.requires_grad_(False)
+        self.head = ProjectionHead(encoder.hidden_size, params.head_width)
+        n_states = encoder.num_layers + 1
+        lo, hi = params.layers if params.layers is not None else (0, n_states - 1)
+        if hi >= n_states:
+            raise ValueError(f"layers {list(params.layers)}: the model has layers 0..{n_states - 1}")
+        self.layer_range = (lo, hi)
+
+    def ddp_ignored(self) -> list[str]:
+        """Parameter/buffer names DDP must leave alone (BERT_F stays local to each worker)."""
+        return [f"frozen.{n}" for n, _ in self.frozen.named_parameters()] + \
+               [f"frozen.{n}" for n, _ in self.frozen.named_buffers()]
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        self.frozen.train(mode and self.params.frozen_dropout)
+        return self
+
+    def inference_pooling(self) -> str:
+        return "cls_before_pooler"  # "we simply use c_i as the final sentence representation"
+
+    def export(self, path, extra=None):
+        return self.encoder.save(path, pooling="cls_before_pooler", extra={"method": self.name, **(extra or {})})
+
+    def views(self, tok: dict) -> torch.Tensor:
+        """h_{i,k} = p(H_{i,k}) for the chosen layers of BERT_F: [b, layers, d] (no gradient)."""
+        with torch.no_grad():
+            out = self.frozen(input_ids=tok["input_ids"], attention_mask=tok["attention_mask"],
+                              output_hidden_states=True, return_dict=True)
+        lo, hi = self.layer_range
+        pool = masked_max if self.params.view_pooling == "max" else masked_mean
+        return torch.stack([pool(h, tok["attention_mask"]) for h in out.hidden_states[lo: hi + 1]], dim=1)
+
+    def forward(self, batch: dict) -> LossOutput:
+        tok = batch["text"]
+        n = tok["input_ids"].shape[0]
+        h = self.views(tok)  # [n, l+1, d]
+        c = self.encoder(**tok)[-1][:, 0]  # BERT_T's last-layer [CLS]
+        fc, fh = self.head(c), self.head(h)
+        g, p = self.gatherer, self.params
+        if p.loss == "opt3":
+            con = loss_opt3(fc, fh, p.temperature, gather=g, offset=g.offset(n))
+        else:
+            pick = torch.randint(0, fh.shape[1], (n,), device=fh.device)  # σ: uniform, per sentence
+            fh1 = fh[torch.arange(n, device=fh.device), pick]
+            con = LOSSES[p.loss](fc, fh1, p.temperature, gather=g, offset=g.offset(n))
+        reg = l2_regularizer(self.encoder.model, self.frozen)
+        return LossOutput(con + p.reg_lambda * reg, {"loss_con": float(con.detach()), "loss_reg": float(reg.detach())})
+
+
+class SelfGuidedOpt(SelfGuided):
+    name = "sg-opt"
+    summary = "SG with the optimised loss L^opt: every layer's view guides [CLS] (L^opt3 + λ·L^reg)"
+    Params = SGOptParams

@@ -1,0 +1,73 @@
+"""Supervised SimCSE (Gao, Yao, Chen 2021. SimCSE: Simple Contrastive Learning of Sentence
+Embeddings; ../shared/papers/001_*.txt, §4 and §6.3, and princeton-nlp/SimCSE ``cl_forward``).
+
+Training examples are NLI triplets (x_i, x_i^+, x_i^-): a premise, its entailment and its
+contradiction. The three are encoded in one forward pass (h_i, h_i^+, h_i^-). Every anchor sees
+every positive of the batch and every contradiction of the batch as negatives (§4, Eq. 5):
+
+    l_i = −log  e^{sim(h_i,h_i^+)/τ} / Σ_{j=1..N} ( e^{sim(h_i,h_j^+)/τ} + e^{sim(h_i,h_j^-)/τ + w·1[i=j]} )
+
+w = ``hard_negative_weight`` is added in log space to each anchor's *own* hard negative only
+(SimCSE's "α" of Table 7 is e^w; the paper's best α = 1 is w = 0, the default), after the
+division by τ, exactly as ``cl_forward`` adds its weight matrix to ``cos_sim``. On several workers
+positives and hard negatives are gathered (global negatives).
+
+Pooling: ``cls`` — [CLS] with the MLP at train *and* test (SimCSE's supervised setting; the MLP is
+saved as the model's pooler). Paper defaults (run_sup_example.sh): batch 512 (4 GPUs × 128),
+lr 5e-5, 3 epochs, max length 32, τ 0.05, STS-B dev every 125 steps; SNLI+MNLI triplets
+(``nli-triplets``).
+"""
+
+from __future__ import annotations
+
+import torch
+from pydantic import Field
+
+from raysent.methods.base import LossOutput, Method, concat_batches, cosine_matrix
+from raysent.methods.simcse_unsup import PoolingParams, info_nce
+
+
+def hard_negative_loss(anchors, positives, hard_negatives, temperature: float, hard_negative_weight: float = 0.0,
+                       gather=None, offset: int = 0) -> torch.Tensor:
+    """SimCSE Eq. 5 with the hard-negative weight; rows local, columns gathered.
+
+    Logits of anchor i: [sim(h_i, H^+)/τ | sim(h_i, H^-)/τ + w at column offset+i of the second block].
+    """
+    negs = gather(hard_negatives) if gather is not None else hard_negatives
+    hn_logits = cosine_matrix(anchors, negs) / temperature
+    if hard_negative_weight:
+        rows = torch.arange(anchors.shape[0], device=anchors.device)
+        weights = torch.zeros_like(hn_logits)
+        weights[rows, rows + offset] = hard_negative_weight
+        hn_logits = hn_logits + weights
+    return info_nce(anchors, positives, temperature, gather=gather, offset=offset, extra_logits=hn_logits)
+
+
+class SimCSESupParams(PoolingParams):
+    temperature: float = Field(0.05, gt=0, description="τ (Gao et al. 2021)")
+    hard_negative_weight: float = Field(0.0, description="w added to each anchor's own hard-negative logit "
+                                        "(log of SimCSE's α, Table 7; 0 = α 1, the paper's best)")
+    pooling: str = Field("cls", description="[CLS] with the MLP at train and test (SimCSE §6.3)")
+
+
+class SimCSESup(Method):
+    name = "simcse-sup"
+    paper = "Gao, Yao, Chen 2021. SimCSE: Simple Contrastive Learning of Sentence Embeddings"
+    summary = "NLI (premise, entailment, contradiction); contradictions as hard negatives (Eq. 5)"
+    Params = SimCSESupParams
+    kind = "triplets"
+    data_defaults = {"train": "nli-triplets"}
+    train_defaults = {"batch_size": 512, "lr": 5e-5, "epochs": 3, "max_length": 32, "eval_every": 125}
+
+    def fields(self, data):
+        return {"sent0": data.sent0, "sent1": data.sent1, "hard_neg": data.hard_neg}, {}
+
+    def forward(self, batch: dict) -> LossOutput:
+        n = batch["sent0"]["input_ids"].shape[0]
+        tok = concat_batches(batch["sent0"], batch["sent1"], batch["hard_neg"])  # one forward of 3N rows
+        z = self.pool_train(self.encoder(**tok), tok["attention_mask"])
+        z1, z2, z3 = z[:n], z[n:2 * n], z[2 * n:]
+        g = self.gatherer
+        loss = hard_negative_loss(z1, z2, z3, self.params.temperature, self.params.hard_negative_weight,
+                                  gather=g, offset=g.offset(n))
+        return LossOutput(loss)
