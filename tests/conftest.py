@@ -44,3 +44,17 @@ def run_cli(*args: str, check: bool = True, env: dict | None = None):
     if check and proc.returncode != 0:
         raise AssertionError(f"raysent {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """One local Ray for the whole test session (starting Ray costs seconds and ~2 GB).
+
+    Yields the address, so `raysent` subprocesses join the same Ray through RAY_ADDRESS.
+    """
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, dashboard_host="127.0.0.1", include_dashboard=True, log_to_driver=False)
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()

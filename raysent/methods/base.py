@@ -173,5 +173,9 @@ class Method(nn.Module):
     def trainable_parameters(self):
         return [p for p in self.parameters() if p.requires_grad]
 
+    def ddp_ignored(self) -> list[str]:
+        """Parameter/buffer names DDP must not synchronise (state kept local to each worker)."""
+        return []
+
     def forward(self, batch: dict) -> LossOutput:  # pragma: no cover - abstract
         raise NotImplementedError

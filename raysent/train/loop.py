@@ -4,7 +4,7 @@
 optional autocast, dev evaluation every ``train.eval_every`` steps (and at step 0 and at the end),
 the best model exported with ``save_pretrained`` whenever the dev score improves, patience,
 resumable checkpoints. It does not know whether it runs in this process (:class:`LocalHooks`)
-or on one of N Ray Train workers (raysent.train.ray.RayHooks): everything that differs (devices,
+or on one of N Ray Train workers (raysent.train.ray_train.RayHooks): everything that differs (devices,
 gathering negatives across workers, where checkpoints go, how metrics are reported) goes through
 the ``hooks`` object.
 
@@ -99,6 +99,10 @@ class TrainHooks:
         if "dev_spearman" in metrics and not metrics.get("done"):
             self.log(_format_eval(metrics))
 
+    def finish(self, metrics: dict, summary: dict) -> None:
+        """The run is over: report the final metrics (the caller writes result.json)."""
+        self.report(metrics, None)
+
     def log(self, msg: str) -> None:
         if self.rank == 0 and not self.quiet:
             print(msg, file=sys.stderr, flush=True)
@@ -182,11 +186,11 @@ def build_optimizer(cfg: ExperimentConfig, method: Method, total_steps: int):
 # --------------------------------------------------------------------------- the loop
 def run_training(cfg: ExperimentConfig, method: Method, data: TokenizedData, dev_specs: list[str],
                  hooks: TrainHooks, groups: np.ndarray | None = None,
-                 fail_at_step: int | None = None) -> dict:
+                 fail_at_step: int | None = None, record: dict | None = None) -> dict:
     """Train ``method`` on ``data``; returns the run summary (also written to result.json on rank 0).
 
     ``fail_at_step`` raises once at that step (tests of recovery; only when no checkpoint is being
-    resumed).
+    resumed). ``record`` is merged into the summary (e.g. a description of the data).
     """
     t = cfg.train
     set_seed(t.seed, hooks.rank)
@@ -217,6 +221,7 @@ def run_training(cfg: ExperimentConfig, method: Method, data: TokenizedData, dev
     best_dir = (scratch / BEST_DIR) if scratch is not None else None
     state = TrainState()
     restored = hooks.restore_dir()
+    resumed_at = None
     if restored is not None:
         ckpt = torch.load(restored / STATE_FILE, map_location=device, weights_only=False)
         method.load_state_dict(ckpt["method"])
@@ -233,6 +238,7 @@ def run_training(cfg: ExperimentConfig, method: Method, data: TokenizedData, dev
         hooks.log(f"resumed from {restored} at step {state.step} (best dev {state.best_score:.2f} at "
                   f"step {state.best_step})")
         fail_at_step = None
+        resumed_at = state.step
 
     dev_sets = None
     if hooks.rank == 0:
@@ -363,6 +369,7 @@ def run_training(cfg: ExperimentConfig, method: Method, data: TokenizedData, dev
         "final_step": state.step,
         "total_steps": total,
         "stopped_early": state.stopped_early,
+        "resumed_at_step": resumed_at,
         "initial_dev": state.initial_dev,
         "dev_curve": state.dev_curve,
         "loss_curve": state.loss_curve,
@@ -372,6 +379,7 @@ def run_training(cfg: ExperimentConfig, method: Method, data: TokenizedData, dev
         "workers": world,
         "device": device.type,
         "precision": t.precision if use_amp else "fp32",
+        **(record or {}),
     }
     if hooks.rank == 0:
         summary["best_model_dir"] = str(best_dir)
@@ -379,7 +387,7 @@ def run_training(cfg: ExperimentConfig, method: Method, data: TokenizedData, dev
              "best_step": state.best_step, "done": True,
              **(state.dev_curve[-1] if state.dev_curve else {})}
     final.pop("step", None)
-    hooks.report({"step": state.step, **final}, None)
+    hooks.finish({"step": state.step, **final}, summary)
     return summary
 
 

@@ -1,0 +1,293 @@
+"""Ray Train: the one-worker loop of raysent.train.loop on N workers (Train V2 ``TorchTrainer``).
+
+The train function of every worker is :func:`raysent.train.loop.run_training` itself, with
+:class:`RayHooks` instead of the in-process hooks:
+
+* DDP through ``ray.train.torch.prepare_model`` (gloo on CPU, NCCL on GPU), with what a method keeps
+  local to each worker (SG's frozen BERT_F: ``Method.ddp_ignored``) left out of DDP;
+* global negatives through :class:`raysent.train.gather.DistributedGatherer` (all-gather with
+  gradient), or local negatives only when ``train.gather_negatives`` is false;
+* STS-B dev on rank 0 only, its scores broadcast, so the best checkpoint is chosen once;
+* checkpoints (model, optimizer, scheduler, step, every worker's RNG state, best dev score and the
+  best model) reported with ``ray.train.report(…, checkpoint=Checkpoint)``; a replacement worker
+  resumes from ``ray.train.get_checkpoint()``; ``FailureConfig(max_failures)`` from the config;
+* storage under ``<output_dir>/ray`` by default, or any pyarrow/fsspec URI (s3://, gs://, an NFS
+  folder) from ``resources.storage_path``.
+
+At the end the driver copies the best model out of the final checkpoint into ``<output_dir>/best``
+and writes ``<output_dir>/result.json``, as a one-worker run does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from raysent.config import ExperimentConfig, parse_config
+from raysent.errors import RaysentError
+from raysent.methods import Gatherer, Method
+from raysent.train.loop import STATE_FILE, TrainHooks, _link_tree, run_training
+from raysent.train.run import _stderr, build_method, finish, prepare_data, train_stages
+
+SUMMARY_FILE = "summary.json"
+# environment a worker needs to find data and models (absolute paths from the driver)
+FORWARDED_ENV = ("RAYSENT_DATA_DIR", "RAYSENT_MODEL_DIR", "HF_HOME", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE",
+                 "TRANSFORMERS_OFFLINE")
+
+
+# --------------------------------------------------------------------------- worker side
+class RayHooks(TrainHooks):
+    """The loop's hooks on a Ray Train worker."""
+
+    def __init__(self, cfg: ExperimentConfig, quiet: bool = False):
+        import ray.train
+        import ray.train.torch
+
+        ctx = ray.train.get_context()
+        self.rank, self.world_size = ctx.get_world_rank(), ctx.get_world_size()
+        self.quiet = quiet
+        self.resume = True  # whatever Ray hands us (a retry, or a resumed run) is resumed
+        self.output_dir = None
+        self.device = ray.train.torch.get_device()
+        self.gather_negatives = cfg.train.gather_negatives
+        self._scratch: Path | None = None
+        self._last: Path | None = None
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1 and dist.is_available() and dist.is_initialized()
+
+    def gatherer(self) -> Gatherer:
+        if self.distributed and self.gather_negatives:
+            from raysent.train.gather import DistributedGatherer
+
+            return DistributedGatherer()
+        return Gatherer()  # local negatives: this worker's rows and columns only
+
+    def wrap(self, method: Method) -> torch.nn.Module:
+        if not self.distributed:
+            return method
+        from ray.train.torch import prepare_model
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        ignored = method.ddp_ignored()
+        if ignored:
+            DDP._set_params_and_buffers_to_ignore_for_model(method, ignored)
+        # unused parameters are normal here (e.g. BERT's pooler under cls_before_pooler pooling)
+        return prepare_model(method, move_to_device=False,
+                             parallel_strategy_kwargs={"find_unused_parameters": True})
+
+    def broadcast(self, obj: Any) -> Any:
+        if not self.distributed:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def all_gather_object(self, obj: Any) -> list:
+        if not self.distributed:
+            return [obj]
+        out: list = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def mean_across(self, value: float) -> float:
+        if not self.distributed:
+            return value
+        dev = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+        t = torch.tensor([value], dtype=torch.float64, device=dev)
+        dist.all_reduce(t)
+        return float(t.item()) / self.world_size
+
+    def restore_dir(self) -> Path | None:
+        import ray.train
+
+        ckpt = ray.train.get_checkpoint()
+        if ckpt is None:
+            return None
+        local = Path(tempfile.mkdtemp(prefix="raysent-restore-"))
+        ckpt.to_directory(str(local))
+        return local if (local / STATE_FILE).is_file() else None
+
+    def scratch_dir(self) -> Path:
+        if self._scratch is None:
+            self._scratch = Path(tempfile.mkdtemp(prefix="raysent-worker-"))
+        return self._scratch
+
+    def report(self, metrics: dict, checkpoint_dir: Path | None) -> None:
+        import ray.train
+
+        clean = {k: v for k, v in metrics.items() if v is not None}
+        if checkpoint_dir is not None:
+            ray.train.report(clean, checkpoint=ray.train.Checkpoint.from_directory(str(checkpoint_dir)))
+            if self._last is not None:  # keep the newest one: the final checkpoint is built from it
+                shutil.rmtree(self._last, ignore_errors=True)
+            self._last = Path(checkpoint_dir)
+        else:
+            ray.train.report(clean)
+        if "dev_spearman" in metrics and not metrics.get("done"):
+            from raysent.train.loop import _format_eval
+
+            self.log(_format_eval(metrics))
+
+    def log(self, msg: str) -> None:
+        # Train V2 patches print() into its own logger (which echoes twice): write to stderr directly
+        if self.rank == 0 and not self.quiet:
+            sys.stderr.write(msg + "\n")
+            sys.stderr.flush()
+
+    def finish(self, metrics: dict, summary: dict) -> None:
+        """The final checkpoint: the newest state and best model, plus the run summary."""
+        final = None
+        if self.rank == 0:
+            final = Path(tempfile.mkdtemp(dir=self.scratch_dir(), prefix=".final-")) / "checkpoint"
+            if self._last is not None:
+                _link_tree(self._last, final)
+            final.mkdir(exist_ok=True)
+            (final / SUMMARY_FILE).write_text(json.dumps(summary, default=str))
+        self.report({**metrics, "done": True}, final)
+        if self.rank == 0 and self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+
+
+def _train_worker(config: dict) -> None:
+    """The train function of every Ray Train worker: the foundation's loop with :class:`RayHooks`."""
+    for key, value in config.get("env", {}).items():
+        # a node with its own copy of the data (cluster setup) keeps it; paths that exist here win
+        if key not in os.environ or not key.endswith("_DIR") or os.path.exists(value):
+            os.environ[key] = value
+    # Ray Train's per-report INFO lines would drown the progress lines
+    logging.getLogger("ray.train").setLevel(logging.WARNING)
+    cfg = parse_config(config["config"], source="<ray worker config>")
+    hooks = RayHooks(cfg, quiet=config.get("quiet", False))
+    method = build_method(cfg)
+    data, groups, info = prepare_data(cfg, method)
+    # an injected failure (tests) kills the last worker only, as a crashed worker would
+    fail_at = config.get("fail_at_step") if hooks.rank == hooks.world_size - 1 else None
+    run_training(cfg, method, data, cfg.data.dev, hooks, groups=groups, fail_at_step=fail_at,
+                 record={"data": info})
+
+
+# --------------------------------------------------------------------------- driver side
+def init_ray(cfg: ExperimentConfig) -> None:
+    """Connect to ``resources.address`` (or RAY_ADDRESS), else start a local Ray (dashboard on 127.0.0.1)."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    address = cfg.resources.address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, log_to_driver=True)
+    else:
+        ray.init(dashboard_host="127.0.0.1", log_to_driver=True)
+
+
+def run_location(cfg: ExperimentConfig) -> tuple[str, str]:
+    """(storage_path, run name) of one training run: <output_dir>/ray by default."""
+    out = cfg.output_dir().resolve()
+    if cfg.resources.storage_path:
+        digest = hashlib.sha1(str(out).encode()).hexdigest()[:8]
+        return cfg.resources.storage_path, f"{cfg.name}-{out.name}-{digest}"
+    return str(out / "ray"), "run"
+
+
+def _delete_run(storage_path: str, name: str) -> None:
+    """A fresh (not resumed) run must not pick up an earlier run's checkpoints."""
+    import pyarrow.fs as pafs
+
+    fs, root = pafs.FileSystem.from_uri(storage_path if "://" in storage_path else
+                                        Path(storage_path).resolve().as_uri())
+    path = f"{root.rstrip('/')}/{name}"
+    if fs.get_file_info(path).type != pafs.FileType.NotFound:
+        fs.delete_dir(path)
+
+
+def worker_env() -> dict[str, str]:
+    env = {}
+    for key in FORWARDED_ENV:
+        if key in os.environ:
+            v = os.environ[key]
+            env[key] = str(Path(v).resolve()) if key.endswith(("_DIR", "_HOME")) else v
+    return env
+
+
+def make_trainer(cfg: ExperimentConfig, resume: bool = False, quiet: bool = False,
+                 fail_at_step: int | None = None, callbacks: list | None = None):
+    """The TorchTrainer of one training run of ``cfg`` (also used inside a Tune trial)."""
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    r = cfg.resources
+    workers = r.workers or 1
+    if cfg.train.batch_size % workers:
+        raise RaysentError(f"train.batch_size {cfg.train.batch_size} does not split evenly over "
+                           f"resources.workers={workers}; use a multiple of {workers}")
+    use_gpu = r.gpus_per_worker > 0
+    per_worker = {"CPU": r.cpus_per_worker, **({"GPU": r.gpus_per_worker} if use_gpu else {})}
+    storage, name = run_location(cfg)
+    if not resume:
+        _delete_run(storage, name)
+    loop_config = {"config": cfg.to_dict(), "quiet": quiet, "env": worker_env(), "fail_at_step": fail_at_step}
+    return TorchTrainer(
+        _train_worker,
+        train_loop_config=loop_config,
+        torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
+        scaling_config=ScalingConfig(num_workers=workers, use_gpu=use_gpu, resources_per_worker=per_worker),
+        run_config=RunConfig(name=name, storage_path=storage, callbacks=callbacks,
+                             failure_config=FailureConfig(max_failures=r.max_failures),
+                             checkpoint_config=CheckpointConfig(num_to_keep=2)),
+    )
+
+
+def collect(cfg: ExperimentConfig, result, t0: float) -> dict:
+    """Copy the best model out of the final checkpoint, write result.json, return the summary."""
+    if result.error is not None:
+        raise RaysentError(f"training {cfg.name} failed on Ray Train: {result.error}")
+    if result.checkpoint is None:
+        raise RaysentError(f"training {cfg.name} on Ray Train reported no checkpoint")
+    out = cfg.output_dir().resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    with result.checkpoint.as_directory() as d:
+        d = Path(d)
+        summary = json.loads((d / SUMMARY_FILE).read_text())
+        tmp = Path(tempfile.mkdtemp(dir=out, prefix=".best-"))
+        shutil.rmtree(tmp)
+        shutil.copytree(d / "best", tmp)
+    shutil.rmtree(out / "best", ignore_errors=True)
+    tmp.rename(out / "best")
+    summary["ray"] = {"storage_path": result.path, "checkpoint": result.checkpoint.path}
+    info = summary.pop("data")
+    return finish(cfg, summary, info, out, t0)
+
+
+def train_one_with_ray(cfg: ExperimentConfig, resume: bool = False, quiet: bool = False,
+                       fail_at_step: int | None = None, callbacks: list | None = None) -> dict:
+    from ray.train import TrainingFailedError
+
+    t0 = time.time()
+    trainer = make_trainer(cfg, resume=resume, quiet=quiet, fail_at_step=fail_at_step, callbacks=callbacks)
+    try:
+        result = trainer.fit()
+    except TrainingFailedError as e:
+        raise RaysentError(f"training {cfg.name} failed on Ray Train (after "
+                           f"resources.max_failures={cfg.resources.max_failures} retries): {e}") from e
+    return collect(cfg, result, t0)
+
+
+def train_with_ray(cfg: ExperimentConfig, resume: bool = False, quiet: bool = False,
+                   fail_at_step: int | None = None) -> dict:
+    """`raysent train` with resources.workers: every stage of the method through Ray Train."""
+    init_ray(cfg)
+    return train_stages(cfg, lambda c: train_one_with_ray(c, resume, quiet, fail_at_step), resume=resume,
+                        log=(lambda m: None) if quiet else _stderr)

@@ -1,0 +1,163 @@
+"""Ray Train on 2 CPU workers (gloo): one step equals one worker's step on the global batch, a
+dying worker is replaced and the run resumes exactly, and `raysent train` on 2 workers improves
+a raw encoder."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+from raysent.config import load_config, parse_config, with_overrides
+from raysent.data.batching import local_part
+
+from conftest import RAW_BERT, run_cli
+
+pytestmark = pytest.mark.slow
+
+# (method, data, params): dropout off everywhere so that both sides see the same views
+CASES = [
+    ("simcse-unsup", "sts-unlabeled", {"pooling": "cls_mlp_train"}),
+    ("simcse-sup", "nli-triplets", {"hard_negative_weight": 0.5}),
+    ("sg-opt", "sts-unlabeled", {"loss": "opt3"}),
+]
+GLOBAL_ROWS = 8
+
+
+def case_config(method: str, data: str, params: dict, gather: bool = True):
+    return parse_config({
+        "name": "equiv", "method": method, "model": {"name": RAW_BERT, "dropout": 0.0}, "params": params,
+        "data": {"train": data, "max_train_samples": 64},
+        "train": {"batch_size": GLOBAL_ROWS, "max_length": 24, "gather_negatives": gather},
+    })
+
+
+def one_step(cfg, rank: int = 0, world: int = 1, hooks=None) -> tuple[float, dict]:
+    """Loss and gradients of one step on rows 0..GLOBAL_ROWS-1 (this worker's share of them)."""
+    from raysent.train.run import build_method, prepare_data
+
+    torch.manual_seed(0)  # same heads on every side (DDP also broadcasts rank 0's weights)
+    method = build_method(cfg)
+    data, _, _ = prepare_data(cfg, method)
+    model = method
+    if hooks is not None:
+        method.set_gatherer(hooks.gatherer())
+        model = hooks.wrap(method)
+    model.train()
+    batch = data.collate(local_part(np.arange(GLOBAL_ROWS), rank, world))
+    loss = model(batch).loss
+    loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in method.named_parameters() if p.grad is not None}
+    return float(loss.detach()), grads
+
+
+def _worker(config: dict) -> None:
+    """Every case on this Ray Train worker; rank r writes its losses (and rank 0 its grads)."""
+    import ray.train
+
+    from raysent.train.ray_train import RayHooks
+
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    out = {}
+    for method, data, params in CASES:
+        for gather in (True, False):
+            cfg = case_config(method, data, params, gather)
+            loss, grads = one_step(cfg, rank, world, RayHooks(cfg))
+            out[(method, gather)] = (loss, grads if rank == 0 else None)
+    torch.save(out, os.path.join(config["dir"], f"rank{rank}.pt"))
+
+
+def test_two_workers_equal_one_worker_on_the_global_batch(ray_cluster, tmp_path):
+    import ray.cloudpickle
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    TorchTrainer(_worker, train_loop_config={"dir": str(tmp_path)}, torch_config=TorchConfig(backend="gloo"),
+                 scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5}),
+                 run_config=RunConfig(name="equiv", storage_path=str(tmp_path / "ray"))).fit()
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    for method, data, params in CASES:
+        # global negatives: mean of the two workers' losses and DDP's averaged gradients equal the
+        # one-worker step over all GLOBAL_ROWS rows
+        ref_loss, ref_grads = one_step(case_config(method, data, params))
+        loss = np.mean([ranks[r][(method, True)][0] for r in range(2)])
+        assert loss == pytest.approx(ref_loss, abs=1e-5), method
+        _assert_grads_equal(ranks[0][(method, True)][1], ref_grads, method)
+        # local negatives: the mean of each half computed on its own
+        cfg = case_config(method, data, params, gather=False)
+        halves = [one_step(cfg, r, 2) for r in range(2)]
+        loss = np.mean([ranks[r][(method, False)][0] for r in range(2)])
+        assert loss == pytest.approx(np.mean([h[0] for h in halves]), abs=1e-5), method
+        assert abs(loss - ref_loss) > 1e-3, f"{method}: local and global negatives must differ"
+        local_ref = {n: (halves[0][1][n] + halves[1][1][n]) / 2 for n in halves[0][1]}
+        _assert_grads_equal(ranks[0][(method, False)][1], local_ref, method)
+
+
+def _assert_grads_equal(got: dict, want: dict, label: str) -> None:
+    assert set(got) == set(want), label
+    assert len(want) > 20, label
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], atol=1e-5, rtol=1e-4, msg=f"{label}: {name}")
+
+
+CONFIG = f"""\
+name: simcse-raw-2w
+method: simcse-unsup
+model:
+  name: {RAW_BERT}
+data:
+  train: sts-unlabeled
+train:
+  batch_size: 64
+  lr: 1.0e-4
+  max_steps: 60
+  eval_every: 20
+  log_every: 10
+params:
+  pooling: mean
+resources:
+  workers: 2
+  cpus_per_worker: 0.5
+  max_failures: 1
+"""
+
+
+@pytest.fixture(scope="module")
+def two_worker_run(ray_cluster, tmp_path_factory):
+    """`raysent train` on 2 workers, joining the session's Ray by RAY_ADDRESS."""
+    tmp = tmp_path_factory.mktemp("two")
+    (tmp / "exp.yaml").write_text(CONFIG)
+    proc = run_cli("train", str(tmp / "exp.yaml"), "--output-dir", str(tmp / "run"), "--format", "json",
+                   env={"RAY_ADDRESS": ray_cluster})
+    return tmp, json.loads(proc.stdout)
+
+
+def test_raysent_train_on_two_workers_improves_the_raw_encoder(two_worker_run):
+    tmp, summary = two_worker_run
+    untuned, best = summary["initial_dev"]["dev_spearman"], summary["best_dev_spearman"]
+    assert summary["workers"] == 2 and summary["final_step"] == 60
+    assert best > untuned + 2, (untuned, best)
+    assert (tmp / "run" / "best" / "config.json").is_file()
+    ev = json.loads(run_cli("eval", "--model", str(tmp / "run" / "best"), "--split", "dev", "--format", "json").stdout)
+    assert ev["dev_spearman"] == pytest.approx(best, abs=1e-6)
+
+
+def test_a_dying_worker_is_replaced_and_the_run_resumes_exactly(two_worker_run):
+    from raysent.train.ray_train import train_with_ray
+
+    tmp, uninterrupted = two_worker_run
+    cfg = with_overrides(load_config(tmp / "exp.yaml"), {"train.output_dir": str(tmp / "crash")})
+    summary = train_with_ray(cfg, quiet=True, fail_at_step=30)  # the last worker raises at step 30
+    assert summary["resumed_at_step"] == 20  # replaced, and resumed from the step-20 checkpoint
+    assert uninterrupted["resumed_at_step"] is None
+    assert summary["final_step"] == uninterrupted["final_step"] == 60
+    assert summary["best_dev_spearman"] == pytest.approx(uninterrupted["best_dev_spearman"], abs=1e-9)
+    assert [c["dev_spearman"] for c in summary["dev_curve"]] == pytest.approx(
+        [c["dev_spearman"] for c in uninterrupted["dev_curve"]], abs=1e-9)
