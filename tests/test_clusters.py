@@ -1,0 +1,545 @@
+"""The cluster configs in ``clusters/`` and the README commands that use them, checked offline.
+
+* every cluster-launcher YAML (``gpu.yaml``, ``local.yaml``: any file in ``clusters/`` without a
+  Kubernetes ``kind``) validates against the JSON schema the installed ray ships
+  (``ray/autoscaler/ray-schema.json``, draft-07), and passes Ray's own check: ``prepare_config``
+  (merges the provider's defaults) then ``validate_config`` (the schema again, plus Ray's semantic
+  checks), as ``ray up`` does before it contacts any cloud;
+* the local provider's whole bootstrap (``_bootstrap_config``, what ``ray up`` runs before it opens
+  SSH connections) runs here too. The AWS one cannot: ``bootstrap_aws`` imports boto3 and asks AWS
+  for the IAM role, key pair, security group, subnets and the AMI, so it needs credentials and the
+  network; everything before it (prepare + validate) is checked;
+* a typo'd key or a wrong type in a copy of ``gpu.yaml`` is caught, with the message asserted;
+* the KubeRay ``RayCluster`` manifest has every field KubeRay requires (checked here field by field:
+  the CRD schema lives in the cluster, not in any package installed here);
+* the Ray version pinned in the setup commands and the manifest equals the installed
+  ``ray.__version__``: upgrading ray fails this test until the configs are updated;
+* every ``ray ...`` line in the README section "Scale out: a Ray cluster", and every ``ray``
+  command in the configs' setup/start commands, names an existing subcommand and only flags that
+  its ``--help`` lists (through click's CliRunner on ``ray.scripts.scripts.cli``).
+
+Not checked offline: AWS credentials, quotas and instance availability, the SSM-resolved AMI,
+SSH to the machines of ``local.yaml``, the Kubernetes API server and KubeRay's CRD, and whether the
+pip installs in the setup commands succeed on the nodes.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+import click
+import jsonschema
+import pytest
+import ray
+import yaml
+from click.testing import CliRunner
+
+REPO = Path(__file__).resolve().parents[1]
+CLUSTERS = REPO / "clusters"
+README = REPO / "README.md"
+README_SECTION = "## Scale out: a Ray cluster"
+RAY_VERSION = ray.__version__
+
+# Importing ray's CLI imports ray.serve, whose pydantic models warn on import (ray's, not ours).
+pytestmark = pytest.mark.filterwarnings("ignore:Using extra keyword arguments on `Field`:DeprecationWarning")
+
+
+def _load(path: Path):
+    return yaml.safe_load(path.read_text(encoding="utf-8"))
+
+
+def _is_launcher_config(doc) -> bool:
+    return isinstance(doc, dict) and "kind" not in doc and "provider" in doc
+
+
+ALL_YAML = sorted(CLUSTERS.glob("*.yaml"))
+LAUNCHER_FILES = [p for p in ALL_YAML if _is_launcher_config(_load(p))]
+KUBERAY_FILES = [p for p in ALL_YAML if isinstance(_load(p), dict) and _load(p).get("kind") == "RayCluster"]
+COMMAND_KEYS = ("initialization_commands", "setup_commands", "head_setup_commands", "worker_setup_commands",
+                "head_start_ray_commands", "worker_start_ray_commands")
+
+
+@pytest.fixture(scope="module")
+def ray_schema() -> dict:
+    path = Path(ray.__file__).parent / "autoscaler" / "ray-schema.json"
+    schema = json.loads(path.read_text(encoding="utf-8"))
+    assert schema.get("$schema", "").startswith("http://json-schema.org/draft-07/schema"), schema.get("$schema")
+    jsonschema.Draft7Validator.check_schema(schema)
+    return schema
+
+
+def _schema_errors(config: dict, schema: dict) -> list[str]:
+    validator = jsonschema.Draft7Validator(schema)
+    return sorted(f"{'/'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}"
+                  for e in validator.iter_errors(config))
+
+
+def _ray_prepare_and_validate(config: dict) -> dict:
+    """What ``ray up`` does first, offline (see the module docstring for the AWS bootstrap)."""
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    prepared = prepare_config(copy.deepcopy(config))
+    validate_config(prepared)
+    return prepared
+
+
+# --------------------------------------------------------------------------- which files
+def test_every_cluster_file_is_checked():
+    names = {p.name for p in ALL_YAML}
+    assert {"gpu.yaml", "local.yaml", "kuberay.yaml"} <= names, names
+    assert {p.name for p in LAUNCHER_FILES} >= {"gpu.yaml", "local.yaml"}
+    assert [p.name for p in KUBERAY_FILES] == ["kuberay.yaml"]
+    unchecked = names - {p.name for p in LAUNCHER_FILES} - {p.name for p in KUBERAY_FILES}
+    assert not unchecked, f"cluster files no test validates: {sorted(unchecked)}"
+
+
+# --------------------------------------------------------------------------- cluster-launcher YAMLs
+@pytest.mark.parametrize("path", LAUNCHER_FILES, ids=lambda p: p.name)
+def test_launcher_config_matches_rays_json_schema(path, ray_schema):
+    assert _schema_errors(_load(path), ray_schema) == []
+
+
+@pytest.mark.parametrize("path", LAUNCHER_FILES, ids=lambda p: p.name)
+def test_launcher_config_passes_rays_own_check(path):
+    config = _load(path)
+    prepared = _ray_prepare_and_validate(config)
+    types = prepared["available_node_types"]
+    assert prepared["head_node_type"] in types
+    for name, node_type in types.items():
+        assert 0 <= node_type["min_workers"] <= node_type["max_workers"], name
+    assert sum(t["min_workers"] for t in types.values()) <= prepared["max_workers"]
+
+
+def test_local_config_passes_the_whole_local_bootstrap():
+    """The local provider's bootstrap needs no network: run all of it, as `ray up` would."""
+    from ray.autoscaler._private.commands import _bootstrap_config
+
+    config = _load(CLUSTERS / "local.yaml")
+    boot = _bootstrap_config(copy.deepcopy(config), no_config_cache=True)
+    (node_type,) = boot["available_node_types"].values()
+    n_ips = len(config["provider"]["worker_ips"])
+    assert node_type["min_workers"] == node_type["max_workers"] == n_ips
+    assert boot["provider"]["head_ip"] == config["provider"]["head_ip"]
+
+
+def test_gpu_config_declares_a_cpu_head_and_gpu_worker_types():
+    config = _load(CLUSTERS / "gpu.yaml")
+    assert config["provider"]["type"] == "aws"
+    assert config["auth"]["ssh_user"] == "ubuntu"
+    assert config["provider"]["cache_stopped_nodes"] is False, "`ray down` must terminate, not stop (billed disks)"
+    assert config["idle_timeout_minutes"] > 0
+    types = config["available_node_types"]
+    head = types[config["head_node_type"]]
+    assert head["resources"].get("GPU", 0) == 0, "the head must not offer GPUs to Ray Train workers"
+    expected = {"g5.xlarge": (1, "A10G"), "p4d.24xlarge": (8, "A100")}
+    seen = {}
+    for name, node_type in types.items():
+        if name == config["head_node_type"]:
+            continue
+        instance = node_type["node_config"]["InstanceType"]
+        gpus, kind = expected[instance]
+        assert node_type["resources"]["GPU"] == gpus, name
+        assert node_type["resources"][f"accelerator_type:{kind}"] == 1, name
+        assert 0 <= node_type["min_workers"] <= node_type["max_workers"], name
+        seen[instance] = name
+    assert set(seen) == set(expected)
+    for node_type in types.values():  # one image everywhere: Ray needs the same Python on all nodes
+        assert node_type["node_config"]["ImageId"] == head["node_config"]["ImageId"]
+
+
+def _start_command_flags(command: str, sub: str) -> dict[str, str | None]:
+    """``--flag value`` / ``--flag=value`` pairs of the ``ray <sub>`` invocations in a shell command."""
+    flags: dict[str, str | None] = {}
+    for words in _ray_invocations(command):
+        if words[1:2] != [sub]:
+            continue
+        for i, word in enumerate(words):
+            if word.startswith("--"):
+                name, eq, value = word.partition("=")
+                if eq:
+                    flags[name] = value
+                else:
+                    nxt = words[i + 1] if i + 1 < len(words) else None
+                    flags[name] = None if nxt is None or nxt.startswith("-") else nxt
+    return flags
+
+
+@pytest.mark.parametrize("path", LAUNCHER_FILES, ids=lambda p: p.name)
+def test_launcher_config_installs_raysent_and_binds_the_dashboard_to_localhost(path):
+    config = _load(path)
+    assert config["file_mounts"] == {"~/raysent": "."}
+    setup = config["setup_commands"]
+    torch_at = next(i for i, c in enumerate(setup) if re.search(r"pip install [^;&|]*\btorch\b", c))
+    raysent_at = next(i for i, c in enumerate(setup) if "pip install -e ~/raysent" in c)
+    assert torch_at < raysent_at, "torch must be installed before raysent (which would pull a default build)"
+    env_lines = "\n".join(setup)
+    assert 'export RAYSENT_DATA_DIR="$HOME/raysent-cache/data"' in env_lines
+    assert 'export RAYSENT_MODEL_DIR="$HOME/raysent-cache/models"' in env_lines
+    assert any("mkdir -p ~/raysent-cache/data ~/raysent-cache/models" in c for c in setup)
+    assert set(config["cluster_synced_files"]) == {"~/raysent-cache/data", "~/raysent-cache/models"}
+
+    head_flags = {}
+    for command in config["head_start_ray_commands"]:
+        head_flags.update(_start_command_flags(command, "start"))
+    assert head_flags.get("--dashboard-host") == "127.0.0.1", head_flags
+    assert "--head" in head_flags
+    worker_flags = {}
+    for command in config["worker_start_ray_commands"]:
+        worker_flags.update(_start_command_flags(command, "start"))
+    assert worker_flags.get("--address") == "$RAY_HEAD_IP:6379", worker_flags
+
+
+@pytest.mark.parametrize("path", LAUNCHER_FILES, ids=lambda p: p.name)
+def test_launcher_commands_are_valid_shell(path):
+    config = _load(path)
+    for key in COMMAND_KEYS:
+        for command in config.get(key) or []:
+            proc = subprocess.run(["bash", "-n", "-c", command], capture_output=True, text=True)
+            assert proc.returncode == 0, f"{path.name} {key}: {command!r}: {proc.stderr}"
+
+
+# --------------------------------------------------------------------------- a wrong field is caught
+def _gpu_copy(tmp_path: Path, old: str, new: str) -> dict:
+    """A copy of gpu.yaml with one textual edit (which must apply exactly once), loaded back."""
+    text = (CLUSTERS / "gpu.yaml").read_text(encoding="utf-8")
+    assert text.count(old) == 1, f"{old!r} occurs {text.count(old)} times in gpu.yaml"
+    copy_path = tmp_path / "gpu-copy.yaml"
+    copy_path.write_text(text.replace(old, new), encoding="utf-8")
+    return _load(copy_path)
+
+
+def test_typo_in_a_node_type_key_is_caught(tmp_path, ray_schema):
+    bad = _gpu_copy(tmp_path, "    max_workers: 8\n", "    max_worker: 8\n")
+    assert _schema_errors(bad, ray_schema) == [
+        "available_node_types/gpu-1x-a10g: Additional properties are not allowed ('max_worker' was unexpected)"]
+    with pytest.raises(jsonschema.ValidationError, match=r"\('max_worker' was unexpected\)"):
+        _ray_prepare_and_validate(bad)
+
+
+def test_typo_in_a_top_level_key_is_caught(tmp_path, ray_schema):
+    bad = _gpu_copy(tmp_path, "idle_timeout_minutes: 10\n", "idle_timeout_minute: 10\n")
+    assert _schema_errors(bad, ray_schema) == [
+        "<root>: Additional properties are not allowed ('idle_timeout_minute' was unexpected)"]
+    with pytest.raises(jsonschema.ValidationError, match=r"\('idle_timeout_minute' was unexpected\)"):
+        _ray_prepare_and_validate(bad)
+
+
+def test_wrong_type_for_min_workers_is_caught(tmp_path, ray_schema):
+    bad = _gpu_copy(tmp_path, "    min_workers: 0                        # nothing runs",
+                    "    min_workers: \"two\"                    # nothing runs")
+    assert _schema_errors(bad, ray_schema) == [
+        "available_node_types/gpu-1x-a10g/min_workers: 'two' is not of type 'integer'"]
+    with pytest.raises(jsonschema.ValidationError, match=r"'two' is not of type 'integer'"):
+        _ray_prepare_and_validate(bad)
+
+
+def test_min_workers_above_the_global_maximum_is_caught_by_ray(tmp_path, ray_schema):
+    bad = _gpu_copy(tmp_path, "    min_workers: 0                        # nothing runs",
+                    "    min_workers: 11                       # nothing runs")
+    assert _schema_errors(bad, ray_schema) == []  # the schema cannot see it; Ray's own check does
+    with pytest.raises(ValueError, match=r"global `max_workers` is smaller than the sum of `min_workers`"):
+        _ray_prepare_and_validate(bad)
+
+
+# --------------------------------------------------------------------------- KubeRay
+_RAY_IMAGE = re.compile(r"^(?:docker\.io/)?rayproject/ray(?:-ml)?:(?P<version>\d+\.\d+\.\d+)(?:-|$)")
+
+
+def raycluster_problems(doc: dict, ray_version: str) -> list[str]:
+    """What KubeRay requires of a RayCluster (ray.io/v1), and a Ray version consistent throughout."""
+    problems: list[str] = []
+
+    def containers_of(where: str, template) -> list[dict]:
+        spec = (template or {}).get("spec") if isinstance(template, dict) else None
+        containers = (spec or {}).get("containers")
+        if not isinstance(containers, list) or not containers:
+            problems.append(f"{where}.template.spec.containers: missing or empty")
+            return []
+        for i, c in enumerate(containers):
+            if not isinstance(c, dict) or not c.get("name"):
+                problems.append(f"{where}.template.spec.containers[{i}].name: missing")
+            image = c.get("image") if isinstance(c, dict) else None
+            if not isinstance(image, str) or not image:
+                problems.append(f"{where}.template.spec.containers[{i}].image: missing")
+                continue
+            m = _RAY_IMAGE.match(image)
+            if m and m["version"] != ray_version:
+                problems.append(f"{where}.template.spec.containers[{i}].image: {image} has Ray "
+                                f"{m['version']}, the installed ray is {ray_version}")
+        return containers
+
+    def check_start_params(where: str, params) -> None:
+        if not isinstance(params, dict):
+            problems.append(f"{where}.rayStartParams: missing (a map of `ray start` flags, may be empty)")
+            return
+        for key, value in params.items():
+            if not isinstance(value, str):
+                problems.append(f"{where}.rayStartParams.{key}: must be a string, got {value!r}")
+
+    if doc.get("apiVersion") != "ray.io/v1":
+        problems.append(f"apiVersion: expected ray.io/v1, got {doc.get('apiVersion')!r}")
+    if doc.get("kind") != "RayCluster":
+        problems.append(f"kind: expected RayCluster, got {doc.get('kind')!r}")
+    name = (doc.get("metadata") or {}).get("name")
+    if not isinstance(name, str) or not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name or ""):
+        problems.append(f"metadata.name: missing or not a DNS-1123 label: {name!r}")
+    spec = doc.get("spec")
+    if not isinstance(spec, dict):
+        return problems + ["spec: missing"]
+    if spec.get("rayVersion") != ray_version:
+        problems.append(f"spec.rayVersion: {spec.get('rayVersion')!r}, the installed ray is {ray_version!r}")
+
+    head = spec.get("headGroupSpec")
+    if not isinstance(head, dict):
+        problems.append("spec.headGroupSpec: missing")
+    else:
+        check_start_params("spec.headGroupSpec", head.get("rayStartParams"))
+        containers_of("spec.headGroupSpec", head.get("template"))
+
+    groups = spec.get("workerGroupSpecs")
+    if not isinstance(groups, list) or not groups:
+        problems.append("spec.workerGroupSpecs: missing or empty")
+        groups = []
+    names = set()
+    gpu_groups = 0
+    for i, group in enumerate(groups):
+        where = f"spec.workerGroupSpecs[{i}]"
+        gname = group.get("groupName")
+        if not isinstance(gname, str) or not gname:
+            problems.append(f"{where}.groupName: missing")
+        elif gname in names:
+            problems.append(f"{where}.groupName: {gname!r} used twice")
+        names.add(gname)
+        counts = {k: group.get(k) for k in ("replicas", "minReplicas", "maxReplicas")}
+        for key, value in counts.items():
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                problems.append(f"{where}.{key}: must be an integer >= 0, got {value!r}")
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in counts.values()):
+            if not counts["minReplicas"] <= counts["replicas"] <= counts["maxReplicas"]:
+                problems.append(f"{where}: needs minReplicas <= replicas <= maxReplicas, got "
+                                f"{counts['minReplicas']} / {counts['replicas']} / {counts['maxReplicas']}")
+        if "rayStartParams" in group:
+            check_start_params(where, group["rayStartParams"])
+        for c in containers_of(where, group.get("template")):
+            resources = c.get("resources") or {}
+            limit = (resources.get("limits") or {}).get("nvidia.com/gpu")
+            request = (resources.get("requests") or {}).get("nvidia.com/gpu")
+            if limit is not None:
+                gpu_groups += 1
+                if int(limit) <= 0:
+                    problems.append(f"{where}: nvidia.com/gpu limit must be > 0, got {limit!r}")
+                if request is not None and str(request) != str(limit):
+                    problems.append(f"{where}: nvidia.com/gpu request {request!r} must equal its limit {limit!r}")
+    if groups and not gpu_groups:
+        problems.append("spec.workerGroupSpecs: no group has an nvidia.com/gpu limit")
+    return problems
+
+
+@pytest.mark.parametrize("path", KUBERAY_FILES, ids=lambda p: p.name)
+def test_kuberay_manifest_has_the_required_fields(path):
+    doc = _load(path)
+    assert raycluster_problems(doc, RAY_VERSION) == []
+    # and the specifics of ours: a GPU group that autoscales from zero, the dashboard on localhost
+    (group,) = doc["spec"]["workerGroupSpecs"]
+    assert group["minReplicas"] == 0 and group["maxReplicas"] >= 1
+    assert doc["spec"]["enableInTreeAutoscaling"] is True
+    assert doc["spec"]["headGroupSpec"]["rayStartParams"]["dashboard-host"] == "127.0.0.1"
+    assert doc["spec"]["headGroupSpec"]["rayStartParams"]["num-gpus"] == "0"
+
+
+def test_kuberay_checker_catches_a_broken_manifest():
+    doc = _load(CLUSTERS / "kuberay.yaml")
+    bad = copy.deepcopy(doc)
+    bad["spec"]["rayVersion"] = "2.59.0"
+    del bad["spec"]["headGroupSpec"]["rayStartParams"]
+    group = bad["spec"]["workerGroupSpecs"][0]
+    group["minReplicas"], group["replicas"] = 2, 1
+    del group["groupName"]
+    del group["template"]["spec"]["containers"][0]["image"]
+    bad["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["image"] = "rayproject/ray:2.59.0-py311-gpu"
+    assert raycluster_problems(bad, RAY_VERSION) == [
+        f"spec.rayVersion: '2.59.0', the installed ray is {RAY_VERSION!r}",
+        "spec.headGroupSpec.rayStartParams: missing (a map of `ray start` flags, may be empty)",
+        "spec.headGroupSpec.template.spec.containers[0].image: rayproject/ray:2.59.0-py311-gpu has Ray "
+        f"2.59.0, the installed ray is {RAY_VERSION}",
+        "spec.workerGroupSpecs[0].groupName: missing",
+        "spec.workerGroupSpecs[0]: needs minReplicas <= replicas <= maxReplicas, got 2 / 1 / 8",
+        "spec.workerGroupSpecs[0].template.spec.containers[0].image: missing",
+    ]
+
+
+# --------------------------------------------------------------------------- the pinned Ray version
+_PIP_RAY = re.compile(r"\bray(?:\[[^\]]*\])?==(?P<version>[0-9][0-9A-Za-z.+]*)")
+
+
+@pytest.mark.parametrize("path", LAUNCHER_FILES, ids=lambda p: p.name)
+def test_launcher_config_pins_the_installed_ray(path):
+    config = _load(path)
+    pins = [m["version"] for key in COMMAND_KEYS for c in config.get(key) or [] for m in _PIP_RAY.finditer(c)]
+    assert pins, f"{path.name}: no `pip install ray==X` in the setup commands"
+    assert set(pins) == {RAY_VERSION}, (
+        f"{path.name} installs ray {sorted(set(pins))} on the nodes but ray {RAY_VERSION} is installed "
+        "here: update the cluster configs (the nodes must run the ray that launches them)")
+
+
+def test_kuberay_manifest_pins_the_installed_ray():
+    doc = _load(CLUSTERS / "kuberay.yaml")
+    assert doc["spec"]["rayVersion"] == RAY_VERSION
+    images = [c["image"] for c in doc["spec"]["headGroupSpec"]["template"]["spec"]["containers"]]
+    images += [c["image"] for g in doc["spec"]["workerGroupSpecs"] for c in g["template"]["spec"]["containers"]]
+    versions = {m["version"] for m in map(_RAY_IMAGE.match, images) if m}
+    assert versions == {RAY_VERSION}, images
+    # the Dockerfile lines in its comments name the same base image
+    text = (CLUSTERS / "kuberay.yaml").read_text(encoding="utf-8")
+    assert set(re.findall(r"rayproject/ray:(\d+\.\d+\.\d+)", text)) == {RAY_VERSION}
+
+
+def test_readme_names_the_installed_ray_version():
+    section = _readme_section()
+    pins = set(_PIP_RAY.findall(section)) | set(re.findall(r"Ray you run the commands with \(([\d.]+) now\)", section))
+    assert pins == {RAY_VERSION}, pins
+
+
+# --------------------------------------------------------------------------- ray CLI lines
+def _readme_section() -> str:
+    text = README.read_text(encoding="utf-8")
+    assert README_SECTION in text, f"README.md has no section {README_SECTION!r}"
+    section = text.split(README_SECTION, 1)[1]
+    return section.split("\n## ", 1)[0]
+
+
+def _code_lines(markdown: str) -> list[str]:
+    """Lines of the fenced code blocks, backslash continuations joined."""
+    lines: list[str] = []
+    for block in re.findall(r"^```[^\n]*\n(.*?)^```", markdown, flags=re.S | re.M):
+        pending = ""
+        for line in block.splitlines():
+            if line.rstrip().endswith("\\"):
+                pending += line.rstrip()[:-1] + " "
+                continue
+            lines.append((pending + line).strip())
+            pending = ""
+    return [line for line in lines if line]
+
+
+def _ray_invocations(command: str) -> list[list[str]]:
+    """The ``ray ...`` words of each simple command in a shell line (split at ; && || |)."""
+    out = []
+    lexer = shlex.shlex(command, posix=True, punctuation_chars=";&|")
+    lexer.whitespace_split = True
+    words: list[str] = []
+    for token in list(lexer) + [";"]:
+        if token and set(token) <= set(";&|"):
+            if words and words[0] == "ray":
+                out.append(words)
+            words = []
+        else:
+            words.append(token)
+    return out
+
+
+@pytest.fixture(scope="module")
+def ray_cli():
+    from ray.scripts.scripts import cli
+
+    return cli
+
+
+def ray_line_problems(words: list[str], cli: click.Group) -> list[str]:
+    """An empty list when ``ray <sub> ...`` names a subcommand that exists and only flags its
+    ``--help`` lists. Flags after a bare ``--`` belong to the command that ray runs, not to ray."""
+    assert words[0] == "ray"
+    line = " ".join(words)
+    command, path, i = cli, [], 1
+    while isinstance(command, click.Group):
+        if i >= len(words) or words[i].startswith("-"):
+            return [f"{line}: `ray {' '.join(path)}` needs a subcommand"]
+        sub = command.commands.get(words[i])
+        if sub is None:
+            return [f"{line}: `ray {' '.join(path + [words[i]])}`: no such subcommand"]
+        command, path, i = sub, path + [words[i]], i + 1
+    result = CliRunner().invoke(cli, [*path, "--help"], prog_name="ray")
+    if result.exit_code != 0:
+        return [f"{line}: `ray {' '.join(path)} --help` failed: {result.output}"]
+    problems = []
+    for word in words[i:]:
+        if word == "--":
+            break
+        if word.startswith("-") and len(word) > 1:
+            flag = word.split("=", 1)[0]
+            if not re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", result.output):
+                problems.append(f"{line}: `ray {' '.join(path)}` has no flag {flag}")
+    return problems
+
+
+def test_readme_cluster_section_lists_the_commands_in_order():
+    section = _readme_section()
+    lines = _code_lines(section)
+    ray_lines = [line for line in lines if line.startswith("ray ")]
+    assert ray_lines and ray_lines[0] == "ray up clusters/gpu.yaml --yes"
+    gpu = [i for i, line in enumerate(ray_lines) if "clusters/gpu.yaml" in line]
+    assert ray_lines[gpu[-1]] == "ray down clusters/gpu.yaml --yes", "ray down comes after every other gpu.yaml command"
+    joined = "\n".join(lines)
+    for needed in ("ray dashboard clusters/gpu.yaml", "ray rsync-up clusters/gpu.yaml", "ray attach clusters/gpu.yaml -p 5000",
+                   "ray exec clusters/gpu.yaml", "-L 5000:127.0.0.1:5000",
+                   "ray job submit --address http://127.0.0.1:8265 --working-dir . -- raysent tune "
+                   "search_spaces/sgopt.yaml --address auto",
+                   "--address ray://127.0.0.1:10001", "storage_path: s3://", "mlflow_uri:",
+                   "kubectl apply -f clusters/kuberay.yaml", "kubectl port-forward", "kubectl delete -f clusters/kuberay.yaml"):
+        assert needed in joined, f"README cluster section lacks {needed!r}"
+    for needed in ("RAYSENT_DATA_DIR", "RAYSENT_MODEL_DIR", "MLFLOW_TRACKING_URI", "RAY_ADDRESS"):
+        assert needed in section, f"README cluster section does not mention {needed}"
+    for name in set(re.findall(r"clusters/[\w.-]+\.yaml", section)):
+        assert (REPO / name).is_file(), f"README names {name}, which does not exist"
+    for name in set(re.findall(r"search_spaces/[\w.-]+\.yaml", section)):
+        assert (REPO / name).is_file(), f"README names {name}, which does not exist"
+
+
+def _nested_ray_invocations(line: str) -> list[list[str]]:
+    """``ray`` commands inside a line: in ``$(ray ...)``, and in the quoted command of ``ray exec``."""
+    found = [w for sub in re.findall(r"\$\((ray [^)]*)\)", line) for w in _ray_invocations(sub)]
+    for words in _ray_invocations(line) if line.startswith("ray ") else []:
+        if words[1:2] == ["exec"]:
+            found += [w for arg in words[2:] if " " in arg for w in _ray_invocations(arg)]
+    return found
+
+
+def test_readme_ray_commands_exist_with_their_flags(ray_cli):
+    code = _code_lines(_readme_section())
+    lines = [line for line in code if line.startswith("ray ")]
+    assert len(lines) >= 10, lines
+    invocations = [words for line in lines for words in _ray_invocations(line)]
+    nested = [words for line in code for words in _nested_ray_invocations(line)]
+    assert ["ray", "status"] in nested and ["ray", "get-head-ip", "clusters/gpu.yaml"] in nested, nested
+    problems = [p for words in invocations + nested for p in ray_line_problems(words, ray_cli)]
+    assert problems == []
+
+
+@pytest.mark.parametrize("path", LAUNCHER_FILES, ids=lambda p: p.name)
+def test_config_ray_commands_exist_with_their_flags(path, ray_cli):
+    config = _load(path)
+    invocations = [words for key in COMMAND_KEYS for c in config.get(key) or [] for words in _ray_invocations(c)]
+    assert any(w[1:2] == ["start"] for w in invocations)
+    problems = [p for words in invocations for p in ray_line_problems(words, ray_cli)]
+    assert problems == []
+
+
+def test_ray_line_checker_catches_a_wrong_subcommand_or_flag(ray_cli):
+    def check(line):
+        (words,) = _ray_invocations(line)
+        return ray_line_problems(words, ray_cli)
+
+    assert check("ray upp clusters/gpu.yaml") == ["ray upp clusters/gpu.yaml: `ray upp`: no such subcommand"]
+    assert check("ray up clusters/gpu.yaml --max-worker 3") == [
+        "ray up clusters/gpu.yaml --max-worker 3: `ray up` has no flag --max-worker"]
+    assert check("ray job clusters/gpu.yaml") == [
+        "ray job clusters/gpu.yaml: `ray job clusters/gpu.yaml`: no such subcommand"]
+    assert check("ray job --address http://127.0.0.1:8265") == [
+        "ray job --address http://127.0.0.1:8265: `ray job` needs a subcommand"]
+    # flags after `--` are the entrypoint's, and a flag's value may follow `=`
+    assert check("ray job submit --address=http://127.0.0.1:8265 -- raysent tune X --bogus") == []
