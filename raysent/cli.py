@@ -44,6 +44,32 @@ def _parse_set(values: list[str] | None) -> dict:
 
 
 # --------------------------------------------------------------------------- train
+def cmd_tune(args) -> int:
+    from raysent.config import load_config, with_overrides
+
+    path = args.config_opt or args.config
+    if not path:
+        raise RaysentError("raysent tune: give the experiment YAML (raysent tune FILE.yaml, or --config FILE.yaml)")
+    cfg = load_config(path, overrides=_parse_set(args.set))
+    if args.address:
+        cfg = with_overrides(cfg, {"resources.address": args.address})
+    from raysent.tune.search import format_summary, plan, tune_experiment
+
+    if args.dry_run:
+        p = plan(cfg, final_only=args.final_only)
+        print(json.dumps(p, indent=2, default=str) if args.format == "json" else yaml_dump(p))
+        return 0
+    summary = tune_experiment(cfg, resume=args.resume, final_only=args.final_only, quiet=args.quiet, source=str(path))
+    print(json.dumps(summary, indent=2, default=str) if args.format == "json" else format_summary(summary))
+    return 0
+
+
+def yaml_dump(obj) -> str:
+    import yaml
+
+    return yaml.safe_dump(obj, sort_keys=False, default_flow_style=None).rstrip()
+
+
 def cmd_train(args) -> int:
     from raysent.config import load_config
 
@@ -107,13 +133,14 @@ def cmd_eval(args) -> int:
     import time
 
     started = time.perf_counter()
-    from raysent.eval.sts import TASK_LABELS, evaluate_dev, evaluate_sts, format_table
     from raysent.eval.suite import check_tasks
+
+    tasks = check_tasks(args.tasks, field="--tasks")  # before importing torch and loading the model
+    from raysent.eval.sts import TASK_LABELS, evaluate_dev, evaluate_sts, format_table
     from raysent.models.embedder import Embedder
     from raysent.models.encoder import Encoder
     from raysent.models.pooling import describe_allowed, is_valid_pooling
 
-    tasks = check_tasks(args.tasks, field="--tasks")  # before loading the model: a typo fails fast
     if args.threads is not None:
         if args.threads < 1:
             raise RaysentError(f"--threads {args.threads}: expected a positive number of CPU threads")
@@ -282,6 +309,31 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--format", choices=["text", "json"], default="text", help="summary format")
     t.add_argument("--quiet", action="store_true", help="no progress lines")
     t.set_defaults(func=cmd_train)
+
+    tu = sub.add_parser("tune", help="search an experiment's space with Ray Tune + Optuna, then run the best "
+                        "configuration on every seed", description="Search phase: search.num_samples configurations "
+                        "(Optuna TPE by default), each trained search.seeds times through Ray Train (the search sees "
+                        "the mean). Final phase: the best configuration trained on every seed of `seeds` and "
+                        "evaluated on the test sets (eval.tasks). Every run is written to "
+                        "results/<experiment>/runs/*.json and to MLflow (default sqlite:///results/mlflow.db).",
+                        epilog=EPILOG + "  RAY_ADDRESS        Ray cluster to join (like --address)\n"
+                        "  MLFLOW_TRACKING_URI  MLflow store (default sqlite:///results/mlflow.db)\n",
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    tu.add_argument("config", nargs="?", help="experiment YAML with a search part (see search_spaces/)")
+    tu.add_argument("--config", dest="config_opt", metavar="FILE",
+                    help="the experiment YAML (same as the positional argument; e.g. with --final-only best.yaml)")
+    tu.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a fixed value; repeatable")
+    tu.add_argument("--dry-run", action="store_true", help="print the plan (trials, seeds, resources, where results "
+                    "go) and exit without training")
+    tu.add_argument("--resume", action="store_true", help="continue the interrupted search of this experiment "
+                    "(Tuner.restore): finished trials kept, none run twice")
+    tu.add_argument("--final-only", action="store_true", help="skip the search: run the configuration as given "
+                    "(e.g. results/<experiment>/best.yaml) on every seed and evaluate on the test sets")
+    tu.add_argument("--address", help="Ray cluster address: auto, or ray://HOST:10001 (default: RAY_ADDRESS, else "
+                    "a local Ray)")
+    tu.add_argument("--format", choices=["text", "json"], default="text", help="summary format")
+    tu.add_argument("--quiet", action="store_true", help="no progress lines of raysent's own")
+    tu.set_defaults(func=cmd_tune)
 
     e = sub.add_parser("eval", help="evaluate an encoder: STS, SentEval transfer, search, geometry, STS17",
                        description="Evaluate an encoder. --tasks sts (default): STS12-16, STS-B and SICK-R (test) "

@@ -141,7 +141,7 @@ class SelfGuided(Method):
 
     def __init__(self, encoder, params: SGParams):
         super().__init__(encoder, params)
-        # BERT_F: a frozen clone, out of the optimizer and (raysent.train.ray) out of DDP
+        # BERT_F: a frozen clone, out of the optimizer and (raysent.train.ray_train) out of DDP
         self.frozen = copy.deepcopy(encoder.model)
         for p in self.frozen.parameters():
             p.requires_grad_(False)

@@ -1,0 +1,432 @@
+"""`raysent tune`: Ray Tune + Optuna over the YAML's search space, seeds, a final phase, MLflow.
+
+Search phase
+    ``search.algorithm``: Optuna's TPE (seeded, the default) or its random sampler, both through
+    ``ray.tune.search.optuna.OptunaSearch`` with a define-by-run space (conditional entries), the
+    Optuna study kept in ``results/<experiment>/optuna.db`` (for Optuna's plots); or ``grid``
+    (every combination, Tune's ``grid_search``). ``search.seeds`` > 1 wraps the searcher in Tune's
+    ``Repeater``: each suggestion runs once per seed and the searcher is told the mean over the
+    seeds (``nanmean``: a failed seed is left out). A scheduler (ASHA) may stop trials early; it is
+    refused with seeds > 1 (the Repeater would average stopped and finished seeds). Each trial
+    trains through Ray Train (``resources.workers``; Train inside a Tune function trainable, metrics
+    forwarded by ``TuneReportCallback``) or, without workers, in the trial's own process.
+    The searched value is the run's best dev score (``best_dev_spearman`` for ``dev_spearman``).
+Final phase
+    The best configuration (highest mean over its seeds) re-runs for every seed of ``seeds`` and is
+    evaluated on the test sets (``eval.tasks``; STS's seven by default). ``--final-only --config
+    best.yaml`` runs this phase alone.
+Records
+    Every finished run writes ``results/<experiment>/runs/<phase>-<search>-<config>-seed<seed>.json``
+    (atomic) and an MLflow run; a configuration's seeds are grouped under a run of their own, under
+    the search's parent run. A failed trial (NaN loss, out of memory, an exception) is marked failed
+    with its reason, and the search goes on. ``--resume`` continues an interrupted search
+    (``Tuner.restore``): finished trials are kept, unfinished ones continue from their checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from raysent.config import ExperimentConfig, hyperparameters, parse_config, with_overrides
+from raysent.errors import RaysentError
+from raysent.train.loop import TrainHooks, write_json_atomic
+from raysent.tune.space import config_id, decode, grid, suggest
+
+STATE_FILE = "state.json"
+
+
+# --------------------------------------------------------------------------- where things go
+def experiment_dir(cfg: ExperimentConfig) -> Path:
+    from raysent.tracking import experiment_name
+
+    return Path(cfg.tracking.results_dir).resolve() / experiment_name(cfg)
+
+
+def tune_metric(cfg: ExperimentConfig) -> str:
+    metric = cfg.search.metric if cfg.search else "dev_spearman"
+    return "best_dev_spearman" if metric == "dev_spearman" else metric
+
+
+def search_seed(cfg: ExperimentConfig, index: int) -> int:
+    """The i-th repeat of a configuration in the search: the i-th of ``seeds`` (then train.seed + i)."""
+    return cfg.seeds[index] if index < len(cfg.seeds) else cfg.train.seed + index
+
+
+def _load_state(exp: Path) -> dict:
+    p = exp / STATE_FILE
+    return json.loads(p.read_text()) if p.is_file() else {}
+
+
+def _save_state(exp: Path, state: dict) -> None:
+    write_json_atomic(exp / STATE_FILE, state)
+
+
+# --------------------------------------------------------------------------- one trial
+class TuneHooks(TrainHooks):
+    """The loop in the trial's own process: checkpoints in the run's folder, metrics to Tune."""
+
+    def report(self, metrics: dict, checkpoint_dir) -> None:
+        from ray import tune
+
+        super().report(metrics, checkpoint_dir)
+        tune.report({k: v for k, v in metrics.items() if isinstance(v, (int, float, bool))})
+
+
+def run_trial(config: dict, ctx: dict) -> None:
+    """One (configuration, seed): train, evaluate (final phase: test sets), record, report to Tune."""
+    from ray import tune
+
+    from raysent.tracking import log_training_run
+
+    for key, value in ctx.get("env", {}).items():
+        if key not in os.environ or os.path.exists(value):
+            os.environ[key] = value
+    base = parse_config(ctx["config"], source=ctx["source"])
+    phase = ctx["phase"]
+    if phase == "search":
+        hp = decode(config, base.search.space)
+        seed = search_seed(base, int(config.get("__trial_index__", config.get("seed_index", 0))))
+    else:
+        hp, seed = dict(ctx["hp"]), int(config["seed"])
+    trial_id = tune.get_context().get_trial_id()
+    cid = config_id(hp)
+    exp = Path(ctx["exp_dir"])
+    out = exp / phase / ctx["run"] / (trial_id if phase == "search" else f"seed{seed}")
+    cfg = with_overrides(base, {**hp, "train.seed": seed, "train.output_dir": str(out)})
+    started = time.time()
+    summary = _train(cfg)
+    record = {
+        "experiment": exp.name, "phase": phase, "search": ctx["run"], "config_id": cid, "hp": hp, "seed": seed,
+        "trial_id": trial_id, "method": cfg.method, "model": cfg.model.name,
+        "hyperparameters": hyperparameters(cfg), "transductive": summary.get("transductive"),
+        "best_dev_spearman": summary["best_dev_spearman"], "best_step": summary["best_step"],
+        "initial_dev": summary.get("initial_dev"), "dev_curve": summary.get("dev_curve", []),
+        "final_step": summary.get("final_step"), "train_seconds": summary.get("train_seconds"),
+        "sentences_per_second": summary.get("sentences_per_second"), "workers": summary.get("workers"),
+        "best_model_dir": summary.get("best_model_dir"), "config": cfg.to_dict(), "scores": {},
+    }
+    if phase == "final":
+        record["eval"] = evaluate_final(cfg, summary["best_model_dir"])
+        record["scores"] = record["eval"]["metrics"]
+    record["wall_seconds"] = time.time() - started
+    record["finished_at"] = time.time()
+    path = exp / "runs" / f"{phase}-{ctx['run']}-{cid}-seed{seed}.json"
+    write_json_atomic(path, record)
+    if ctx.get("mlflow"):
+        m = ctx["mlflow"]
+        record["mlflow_run_id"] = log_training_run(m["uri"], m["experiment_id"], cfg, record, m["parent"])
+        write_json_atomic(path, record)
+    tune.report({ctx["metric"]: record["best_dev_spearman"] if ctx["metric"] == "best_dev_spearman"
+                 else (record["dev_curve"][-1].get(ctx["metric"], math.nan) if record["dev_curve"] else math.nan),
+                 "seed": seed, "done": True, **{k: v for k, v in record["scores"].items() if isinstance(v, float)}})
+
+
+def _train(cfg: ExperimentConfig) -> dict:
+    from raysent.train.run import build_method, finish, prepare_data, train_stages
+    from raysent.train.loop import run_training
+
+    if cfg.resources.workers:
+        from ray.tune.integration.ray_train import TuneReportCallback
+
+        from raysent.train.ray_train import train_one_with_ray
+
+        return train_stages(cfg, lambda c: train_one_with_ray(c, resume=True, quiet=True,
+                                                              callbacks=[TuneReportCallback()]),
+                            resume=True, log=lambda m: None)
+
+    def here(c: ExperimentConfig) -> dict:
+        t0 = time.time()
+        out = c.output_dir()
+        method = build_method(c)
+        data, groups, info = prepare_data(c, method)
+        s = run_training(c, method, data, c.data.dev, TuneHooks(out, resume=True, quiet=True), groups=groups)
+        return finish(c, s, info, out, t0)
+
+    return train_stages(cfg, here, resume=True, log=lambda m: None)
+
+
+def evaluate_final(cfg: ExperimentConfig, model_dir: str) -> dict:
+    """The final phase's test evaluation of the saved best model (``eval.tasks``)."""
+    from raysent.eval.suite import evaluate_tasks
+
+    e = cfg.eval
+    res = evaluate_tasks(model_dir, e.tasks, pooling=e.pooling, max_length=e.max_length, batch_size=e.batch_size,
+                         options={"sts": {"aggregation": e.aggregation}})
+    return {"metrics": {k: float(v) for k, v in res["metrics"].items() if isinstance(v, (int, float))},
+            "details": res.get("details", {})}
+
+
+# --------------------------------------------------------------------------- the driver
+def plan(cfg: ExperimentConfig, final_only: bool = False) -> dict:
+    s = cfg.search
+    r = cfg.resources
+    trials = 0 if final_only or s is None else (len(grid(s.space)) * s.seeds if s.algorithm == "grid"
+                                                else s.num_samples * s.seeds)
+    exp = experiment_dir(cfg)
+    from raysent.tracking import experiment_name, redact, tracking_uri
+
+    per_trial = ({"trial driver CPU": r.trial_cpus, "Ray Train workers": r.workers,
+                  "CPU per worker": r.cpus_per_worker, "GPU per worker": r.gpus_per_worker}
+                 if r.workers else {"CPU": r.cpus_per_worker, "GPU": r.gpus_per_worker, "trains": "in the trial"})
+    return {
+        "experiment": experiment_name(cfg), "method": cfg.method, "model": cfg.model.name,
+        "train_data": cfg.data.train, "search": None if final_only or s is None else {
+            "algorithm": s.algorithm, "configurations": len(grid(s.space)) if s.algorithm == "grid" else s.num_samples,
+            "seeds per configuration": s.seeds, "trials": trials, "metric": f"{s.metric} ({s.mode})",
+            "space": {k: {f: v for f, v in e.model_dump().items() if v is not None} for k, e in s.space.items()},
+            "scheduler": s.scheduler.model_dump() if s.scheduler else None,
+            "max_concurrent_trials": s.max_concurrent_trials},
+        "final": {"seeds": cfg.seeds, "runs": len(cfg.seeds), "evaluation": cfg.eval.tasks},
+        "resources per trial": per_trial,
+        "results": str(exp), "run records": str(exp / "runs"),
+        "mlflow": redact(tracking_uri(cfg)) if cfg.tracking.enabled else "off",
+        "ray": cfg.resources.address or os.environ.get("RAY_ADDRESS") or "local",
+    }
+
+
+def _env() -> dict:
+    from raysent.train.ray_train import worker_env
+
+    return worker_env()
+
+
+def _trainable(cfg: ExperimentConfig, ctx: dict):
+    from ray import tune
+
+    r = cfg.resources
+    res = {"CPU": r.trial_cpus} if r.workers else {"CPU": r.cpus_per_worker, "GPU": r.gpus_per_worker}
+    return tune.with_resources(tune.with_parameters(run_trial, ctx=ctx), res)
+
+
+def _say(quiet: bool):
+    return (lambda m: None) if quiet else (lambda m: print(m, file=sys.stderr, flush=True))
+
+
+def tune_experiment(cfg: ExperimentConfig, resume: bool = False, final_only: bool = False, quiet: bool = False,
+                    source: str = "<config>") -> dict:
+    """Search (unless ``final_only``), then the final phase; returns the summary (also summary.json)."""
+    from raysent.tracking import end_run, ensure_experiment, redact, start_run, tracking_uri
+    from raysent.train.ray_train import init_ray
+
+    say = _say(quiet)
+    if not final_only and cfg.search is None:
+        raise RaysentError(f"{source}: `raysent tune` needs a 'search' part (space, metric, num_samples, ...); "
+                           "use `raysent train` for one configuration, or --final-only to run the seeds only")
+    exp = experiment_dir(cfg)
+    exp.mkdir(parents=True, exist_ok=True)
+    state = _load_state(exp) if resume else {}
+    if resume and not state:
+        raise RaysentError(f"--resume: no search to resume in {exp} (no {STATE_FILE}); run without --resume")
+    init_ray(cfg)
+    uri = tracking_uri(cfg)
+    exp_id = ensure_experiment(cfg)
+    if not state:
+        state = {"run": datetime.now().strftime("%Y%m%d-%H%M%S"), "phase": "final" if final_only else "search",
+                 "config": cfg.to_dict(), "source": source}
+        if exp_id is not None:
+            state["parent_run_id"] = start_run(uri, exp_id, f"{'final' if final_only else 'search'}-{state['run']}",
+                                               {"method": cfg.method, "model": cfg.model.name,
+                                                "phase": "final" if final_only else "search"})
+        _save_state(exp, state)
+    mlflow = {"uri": uri, "experiment_id": exp_id, "parent": state.get("parent_run_id")} if exp_id else None
+    say(f"experiment {exp.name}: results in {exp}" + (f", MLflow {redact(uri)}" if mlflow else ""))
+    started = time.time()
+    if state["phase"] == "search":
+        best = run_search(cfg, exp, state, mlflow, resume, say)
+        state.update(phase="final", best=best)
+        _save_state(exp, state)
+    if state["phase"] == "final":
+        best = state.get("best") or {"hp": {}, "config_id": config_id({}), "dev_mean": None}
+        final = run_final(cfg, exp, state, best, mlflow, resume, say)
+        state.update(phase="done", final=final)
+        _save_state(exp, state)
+    if mlflow and state.get("parent_run_id"):
+        end_run(uri, state["parent_run_id"])
+    summary = {"experiment": exp.name, "results": str(exp), "search": state["run"], "best": state.get("best"),
+               "final": state.get("final"), "mlflow": redact(uri) if mlflow else None,
+               "wall_seconds": time.time() - started}
+    write_json_atomic(exp / "summary.json", summary)
+    return summary
+
+
+class DefineByRun:
+    """Optuna's define-by-run space (a picklable callable: Tune checkpoints the searcher)."""
+
+    def __init__(self, space):
+        self.space = space
+
+    def __call__(self, trial) -> None:
+        suggest(trial, self.space)
+
+
+def _searcher(cfg: ExperimentConfig, exp: Path, run: str, metric: str):
+    from ray import tune
+
+    s = cfg.search
+    if s.algorithm == "grid":
+        return None, {"hp": tune.grid_search(grid(s.space)), "seed_index": tune.grid_search(list(range(s.seeds)))}
+    import optuna
+    from ray.tune.search.optuna import OptunaSearch
+
+    sampler = (optuna.samplers.TPESampler(seed=s.seed) if s.algorithm == "optuna"
+               else optuna.samplers.RandomSampler(seed=s.seed))
+    storage = optuna.storages.RDBStorage(f"sqlite:///{exp / 'optuna.db'}")
+    searcher = OptunaSearch(space=DefineByRun(s.space), sampler=sampler,
+                            study_name=f"search-{run}", storage=storage, metric=metric, mode=s.mode)
+    if s.seeds > 1:
+        from ray.tune.search import Repeater
+
+        searcher = Repeater(searcher, repeat=s.seeds, set_index=True)
+    return searcher, None
+
+
+def run_search(cfg: ExperimentConfig, exp: Path, state: dict, mlflow: dict | None, resume: bool, say) -> dict:
+    from ray import tune
+    from ray.tune import RunConfig, TuneConfig, Tuner
+
+    s = cfg.search
+    run = state["run"]
+    metric = tune_metric(cfg)
+    ctx = {"config": cfg.to_dict(), "source": state.get("source", "<config>"), "phase": "search", "run": run,
+           "exp_dir": str(exp), "metric": metric, "mlflow": mlflow, "env": _env()}
+    trainable = _trainable(cfg, ctx)
+    searcher, param_space = _searcher(cfg, exp, run, metric)
+    scheduler = None
+    if s.scheduler is not None:
+        from ray.tune.schedulers import ASHAScheduler
+
+        scheduler = ASHAScheduler(time_attr="training_iteration", metric=metric, mode=s.mode, grace_period=s.scheduler.grace_period,
+                                  reduction_factor=s.scheduler.reduction_factor,
+                                  max_t=s.scheduler.max_t or 10**6)
+    storage = exp / "tune"
+    path = storage / f"search-{run}"
+    n = 1 if s.algorithm == "grid" else s.num_samples * s.seeds
+    say(f"search {run}: {s.algorithm}, {n if s.algorithm != 'grid' else len(grid(s.space)) * s.seeds} trials "
+        f"({s.seeds} seed(s) each), metric {metric} ({s.mode})")
+    if resume and Tuner.can_restore(str(path)):
+        tuner = Tuner.restore(str(path), trainable=trainable, resume_unfinished=True, resume_errored=False,
+                              restart_errored=False, param_space=param_space)
+    else:
+        tuner = Tuner(trainable, param_space=param_space,
+                      # metric and mode live in the searcher and the scheduler (a Repeater does not pass
+                      # TuneConfig's down to the searcher it wraps)
+                      tune_config=TuneConfig(search_alg=searcher, scheduler=scheduler,
+                                             num_samples=n, max_concurrent_trials=s.max_concurrent_trials),
+                      run_config=RunConfig(name=f"search-{run}", storage_path=str(storage),
+                                           failure_config=tune.FailureConfig(max_failures=0)))
+    results = tuner.fit()
+    failed = [{"trial_id": r.metrics.get("trial_id") if r.metrics else None, "path": r.path,
+               "error": str(r.error).strip().splitlines()[-1][:500]} for r in results if r.error is not None]
+    for f in failed:
+        say(f"trial failed: {f['error']}")
+    return pick_best(cfg, exp, run, mlflow, failed, say)
+
+
+def _records(exp: Path, phase: str, run: str) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((exp / "runs").glob(f"{phase}-{run}-*.json"))]
+
+
+def pick_best(cfg: ExperimentConfig, exp: Path, run: str, mlflow: dict | None, failed: list, say) -> dict:
+    """Group the search's runs by configuration; the best mean over seeds wins; MLflow child runs."""
+    from raysent.tracking import log_configuration
+
+    groups: dict[str, list[dict]] = {}
+    for rec in _records(exp, "search", run):
+        groups.setdefault(rec["config_id"], []).append(rec)
+    if not groups:
+        raise RaysentError(f"search {run}: no trial finished ({len(failed)} failed); see the errors above and "
+                           f"the trial logs under {exp / 'tune'}")
+    sign = 1 if cfg.search.mode == "max" else -1
+    table = []
+    for cid, recs in groups.items():
+        scores = [r["best_dev_spearman"] for r in recs]
+        row = {"config_id": cid, "hp": recs[0]["hp"], "seeds": [r["seed"] for r in recs],
+               "dev_mean": float(np.mean(scores)), "dev_std": float(np.std(scores, ddof=1)) if len(scores) > 1 else 0.0,
+               "n": len(scores)}
+        table.append(row)
+        if mlflow:
+            log_configuration(mlflow["uri"], mlflow["experiment_id"], with_overrides(cfg, recs[0]["hp"]), "search",
+                              recs[0]["hp"], cid, {"best_dev_spearman_mean": row["dev_mean"],
+                                                   "best_dev_spearman_std": row["dev_std"]},
+                              [r["mlflow_run_id"] for r in recs if r.get("mlflow_run_id")], mlflow["parent"])
+    table.sort(key=lambda r: -sign * r["dev_mean"])
+    best = {**table[0], "configurations": table, "failed": failed}
+    best_cfg = with_overrides(cfg, best["hp"]).to_dict()
+    best_cfg.pop("search", None)
+    (exp / "best.yaml").write_text(
+        f"# best configuration of search {run} (mean dev {best['dev_mean']:.2f} over {best['n']} seed(s));\n"
+        f"# `raysent tune --final-only --config {exp / 'best.yaml'}` re-runs the final phase\n"
+        + yaml.safe_dump(best_cfg, sort_keys=False))
+    say(f"best configuration {best['config_id']}: {best['hp']}  dev {best['dev_mean']:.2f}"
+        + (f" ± {best['dev_std']:.2f}" if best["n"] > 1 else "") + f" ({best['n']} seed(s))")
+    return best
+
+
+def run_final(cfg: ExperimentConfig, exp: Path, state: dict, best: dict, mlflow: dict | None, resume: bool,
+              say) -> dict:
+    from ray import tune
+    from ray.tune import RunConfig, TuneConfig, Tuner
+
+    from raysent.tracking import log_configuration
+
+    run = state["run"]
+    final_cfg = with_overrides(cfg, best["hp"]) if best["hp"] else cfg
+    ctx = {"config": final_cfg.to_dict(), "source": state.get("source", "<config>"), "phase": "final", "run": run,
+           "exp_dir": str(exp), "metric": tune_metric(cfg), "mlflow": mlflow, "env": _env(), "hp": best["hp"]}
+    trainable = _trainable(cfg, ctx)
+    storage, name = exp / "tune", f"final-{run}"
+    say(f"final phase: {best['hp'] or 'the configuration as given'} on seeds {cfg.seeds}")
+    param_space = {"seed": tune.grid_search(list(cfg.seeds))}
+    concurrent = cfg.search.max_concurrent_trials if cfg.search else 1
+    if resume and Tuner.can_restore(str(storage / name)):
+        tuner = Tuner.restore(str(storage / name), trainable=trainable, resume_errored=False, param_space=param_space)
+    else:
+        tuner = Tuner(trainable, param_space=param_space,
+                      tune_config=TuneConfig(num_samples=1, max_concurrent_trials=concurrent),
+                      run_config=RunConfig(name=name, storage_path=str(storage),
+                                           failure_config=tune.FailureConfig(max_failures=0)))
+    results = tuner.fit()
+    errors = [str(r.error).strip().splitlines()[-1][:500] for r in results if r.error is not None]
+    recs = [r for r in _records(exp, "final", run) if r["config_id"] == best["config_id"]]
+    if not recs:
+        raise RaysentError(f"final phase: no run finished; errors: {errors}")
+    keys = sorted({k for r in recs for k in r["scores"]})
+    scores = {}
+    for k in keys:
+        vals = [r["scores"][k] for r in recs if k in r["scores"]]
+        scores[k] = {"mean": float(np.mean(vals)), "std": float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0,
+                     "n": len(vals)}
+    if mlflow:
+        flat = {**{f"{k}_mean": v["mean"] for k, v in scores.items()}, **{f"{k}_std": v["std"] for k, v in scores.items()}}
+        log_configuration(mlflow["uri"], mlflow["experiment_id"], final_cfg, "final", best["hp"], best["config_id"],
+                          flat, [r["mlflow_run_id"] for r in recs if r.get("mlflow_run_id")], mlflow["parent"])
+    return {"seeds": [r["seed"] for r in recs], "missing_seeds": sorted(set(cfg.seeds) - {r["seed"] for r in recs}),
+            "scores": scores, "errors": errors}
+
+
+def format_summary(summary: dict) -> str:
+    lines = [f"experiment {summary['experiment']} (search {summary['search']})"]
+    best = summary.get("best")
+    if best and best.get("configurations"):
+        lines.append(f"best configuration: {best['hp']}  dev {best['dev_mean']:.2f}"
+                     + (f" ± {best['dev_std']:.2f}" if best["n"] > 1 else "") + f" over {best['n']} seed(s)")
+        lines.append(f"configurations tried: {len(best['configurations'])}, failed trials: {len(best['failed'])}")
+    final = summary.get("final")
+    if final:
+        lines.append(f"final phase on seeds {final['seeds']}"
+                     + (f" (missing: {final['missing_seeds']})" if final["missing_seeds"] else "") + ":")
+        for k, v in final["scores"].items():
+            lines.append(f"  {k:28s} {v['mean']:6.2f} ± {v['std']:.2f} (n={v['n']})")
+    lines.append(f"results: {summary['results']} (runs/, best.yaml, summary.json)")
+    if summary.get("mlflow"):
+        lines.append(f"MLflow: {summary['mlflow']}  (mlflow ui --backend-store-uri {summary['mlflow']})")
+    return "\n".join(lines)

@@ -1,0 +1,99 @@
+"""The YAML ``search.space`` as an Optuna define-by-run space (conditional entries included).
+
+Entry types: ``uniform``, ``loguniform`` (optional ``step``), ``int`` (optional ``step``) and
+``choice``. ``when: {other: value}`` samples an entry only when the choice ``other`` was given
+``value`` (or, for list values such as ConSERT's augmentation pairs, contains it): ConSERT's cutoff
+rate is searched only when a cutoff is among the two views. Choice values that Optuna cannot
+store (lists, mappings) are given to it as labels and decoded back here. Imports no Ray.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from typing import Any
+
+from raysent.config import SpaceEntry
+
+PRIMITIVE = (str, int, float, bool, type(None))
+
+
+def _label(value: Any) -> Any:
+    if isinstance(value, PRIMITIVE):
+        return value
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return "+".join(value)
+    return json.dumps(value, sort_keys=True)
+
+
+def labels(entry: SpaceEntry) -> dict:
+    """{label Optuna sees: the YAML value}."""
+    return {_label(v): v for v in entry.values}
+
+
+def _active(entry: SpaceEntry, chosen: dict) -> bool:
+    for ref, want in (entry.when or {}).items():
+        if ref not in chosen:
+            return False
+        got = chosen[ref]
+        if not (got == want or (isinstance(got, (list, tuple)) and want in got)):
+            return False
+    return True
+
+
+def ordered(space: dict[str, SpaceEntry]) -> list[str]:
+    """Entries after the choices they depend on (the schema allows one level of conditions)."""
+    return sorted(space, key=lambda n: 1 if space[n].when else 0)
+
+
+def suggest(trial, space: dict[str, SpaceEntry]) -> dict:
+    """Define-by-run: ask ``trial`` (an optuna.Trial) for every active entry; returns the values."""
+    chosen: dict[str, Any] = {}
+    for name in ordered(space):
+        e = space[name]
+        if not _active(e, chosen):
+            continue
+        if e.type == "choice":
+            table = labels(e)
+            chosen[name] = table[trial.suggest_categorical(name, list(table))]
+        elif e.type == "int":
+            chosen[name] = trial.suggest_int(name, int(e.low), int(e.high), step=int(e.step or 1))
+        else:
+            chosen[name] = trial.suggest_float(name, e.low, e.high, log=e.type == "loguniform",
+                                               step=e.step if e.type == "uniform" else None)
+    return chosen
+
+
+def decode(config: dict, space: dict[str, SpaceEntry]) -> dict:
+    """A Tune trial config (Optuna's labels, or a grid point) -> the hyperparameter values."""
+    if "hp" in config:  # grid points carry the decoded values already
+        return dict(config["hp"])
+    out = {}
+    for name, e in space.items():
+        if name not in config:
+            continue
+        out[name] = labels(e).get(config[name], config[name]) if e.type == "choice" else config[name]
+    return out
+
+
+def grid(space: dict[str, SpaceEntry]) -> list[dict]:
+    """Every combination of the choice entries, inactive conditional entries left out (no repeats)."""
+    names = ordered(space)
+    points, seen = [], set()
+    for combo in itertools.product(*(space[n].values for n in names)):
+        chosen = {}
+        for name, value in zip(names, combo):
+            if _active(space[name], chosen):
+                chosen[name] = value
+        key = json.dumps(chosen, sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            points.append(chosen)
+    return points
+
+
+def config_id(hp: dict) -> str:
+    """A short stable id of one configuration (groups its seeds in files, MLflow and tables)."""
+    import hashlib
+
+    return hashlib.sha1(json.dumps(hp, sort_keys=True, default=str).encode()).hexdigest()[:10]

@@ -1,0 +1,144 @@
+"""`raysent tune` for real, with tiny budgets: Optuna sees the mean over the search seeds, every seed
+is its own result file and MLflow run, the final phase uses the best configuration, a diverging
+trial fails while the search completes, and an interrupted search resumes without losing or
+repeating a trial."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from raysent.config import load_config
+
+from conftest import RAW_BERT, REPO
+
+pytestmark = pytest.mark.slow
+
+
+def experiment(tmp_path, name: str, search: str, seeds: str) -> str:
+    text = f"""\
+name: {name}
+method: simcse-unsup
+model: {{name: {RAW_BERT}}}
+data: {{train: sts-unlabeled, dev: sickr:dev, max_train_samples: 256}}
+train: {{batch_size: 16, max_steps: 4, eval_every: 2, max_length: 24, lr: 1.0e-4}}
+params: {{pooling: mean}}
+eval: {{tasks: [sts], batch_size: 256, max_length: 64}}
+seeds: {seeds}
+resources: {{cpus_per_worker: 0.9}}
+tracking: {{results_dir: {tmp_path / 'results'}}}
+search:
+{search}
+"""
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+SEARCH = """\
+  algorithm: optuna
+  seed: 2            # Optuna's first three suggestions: two good configurations, then temperature 1e-45
+  num_samples: 3
+  seeds: 2
+  max_concurrent_trials: 2
+  space:
+    temperature: {type: choice, values: [0.05, 1.0e-45]}   # 1e-45: cos/τ overflows, the loss is NaN
+    lr: {type: loguniform, low: 1.0e-5, high: 1.0e-4}
+"""
+
+
+def test_search_seeds_failures_final_phase_and_mlflow(ray_cluster, tmp_path):
+    import optuna
+    from mlflow.tracking import MlflowClient
+
+    from raysent.tune.search import tune_experiment
+
+    cfg = load_config(experiment(tmp_path, "tiny", SEARCH, "[7, 8]"))
+    summary = tune_experiment(cfg, quiet=True)
+    exp = tmp_path / "results" / "tiny"
+    records = [json.loads(p.read_text()) for p in sorted((exp / "runs").glob("*.json"))]
+    search = [r for r in records if r["phase"] == "search"]
+    final = [r for r in records if r["phase"] == "final"]
+
+    # 3 configurations × 2 seeds; the NaN configuration's two trials failed, with the reason
+    assert len(search) == 4 and {r["seed"] for r in search} == {7, 8}
+    assert all(r["hp"]["temperature"] == 0.05 for r in search)
+    failed = summary["best"]["failed"]
+    assert len(failed) == 2 and all("loss became nan" in f["error"] for f in failed)
+
+    # Optuna was told the mean over the two seeds of each configuration; the NaN one failed
+    study = optuna.load_study(study_name=f"search-{summary['search']}", storage=f"sqlite:///{exp / 'optuna.db'}")
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(study.trials) == 3 and len(done) == 2
+    for t in done:
+        seeds = [r["best_dev_spearman"] for r in search if r["hp"]["lr"] == pytest.approx(t.params["lr"])]
+        assert len(seeds) == 2 and seeds[0] != seeds[1]
+        assert t.value == pytest.approx(np.mean(seeds), abs=1e-9)
+
+    # the final phase ran the best configuration (highest mean) on every seed, on the 7 test sets
+    means = {r["config_id"]: np.mean([s["best_dev_spearman"] for s in search if s["config_id"] == r["config_id"]])
+             for r in search}
+    best = max(means, key=means.get)
+    assert summary["best"]["config_id"] == best
+    assert sorted(r["seed"] for r in final) == [7, 8] and {r["config_id"] for r in final} == {best}
+    assert all(r["hp"] == summary["best"]["hp"] for r in final)
+    for r in final:
+        assert {f"sts/{t}" for t in ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")} <= set(r["scores"])
+    stsb = [r["scores"]["sts/stsb"] for r in final]
+    assert summary["final"]["scores"]["sts/stsb"]["mean"] == pytest.approx(np.mean(stsb))
+    assert summary["final"]["scores"]["sts/stsb"]["std"] == pytest.approx(np.std(stsb, ddof=1))
+    assert (exp / "best.yaml").is_file()
+
+    # MLflow: a run per seed under a run per configuration under the search's parent run
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'results' / 'mlflow.db'}")
+    exp_id = client.get_experiment_by_name("tiny").experiment_id
+    runs = {r.info.run_id: r for r in client.search_runs([exp_id], max_results=100)}
+    for rec in records:
+        run = runs[rec["mlflow_run_id"]]
+        assert run.data.tags["seed"] == str(rec["seed"]) and run.data.tags["phase"] == rec["phase"]
+        assert run.data.tags["transductive"] == "true" and run.data.params["temperature"] == "0.05"
+        parent = runs[run.data.tags["mlflow.parentRunId"]]
+        assert parent.data.tags["config_id"] == rec["config_id"]
+        assert runs[parent.data.tags["mlflow.parentRunId"]].info.run_name.startswith("search-")
+        curve = client.get_metric_history(rec["mlflow_run_id"], "dev_spearman")
+        assert [m.step for m in curve] == [p["step"] for p in rec["dev_curve"]] == [0, 2, 4]
+    assert all(f"sts/{t}" in runs[r["mlflow_run_id"]].data.metrics for r in final for t in ("stsb", "sickr"))
+
+
+RESUME_SEARCH = """\
+  algorithm: random
+  num_samples: 4
+  seeds: 1
+  max_concurrent_trials: 1
+  space:
+    lr: {type: loguniform, low: 1.0e-5, high: 1.0e-4}
+"""
+
+
+def test_an_interrupted_search_resumes_with_no_trial_lost_or_repeated(ray_cluster, tmp_path):
+    path = experiment(tmp_path, "resumable", RESUME_SEARCH, "[1]")
+    runs = tmp_path / "results" / "resumable" / "runs"
+    env = {**os.environ, "RAY_ADDRESS": ray_cluster}
+    cmd = [sys.executable, "-m", "raysent.cli", "tune", path, "--quiet"]
+    proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and len(list(runs.glob("search-*.json"))) < 1:
+        time.sleep(1)
+    proc.send_signal(signal.SIGINT)  # Ctrl-C: Tune saves the search's state and stops
+    proc.communicate(timeout=120)
+    before = len(list(runs.glob("search-*.json")))
+    assert 1 <= before < 4, "the search was not interrupted midway"
+    done = subprocess.run(cmd + ["--resume", "--format", "json"], env=env, cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = [json.loads(p.read_text()) for p in runs.glob("search-*.json")]
+    assert len(records) == 4 and len({r["trial_id"] for r in records}) == 4
+    assert len({r["config_id"] for r in records}) == 4
+    summary = json.loads(done.stdout)
+    assert summary["final"]["seeds"] == [1]
