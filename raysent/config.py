@@ -19,10 +19,10 @@ import copy
 import math
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from raysent.errors import ConfigError, RaysentError, did_you_mean
 
@@ -97,14 +97,39 @@ class TrainConfig(Strict):
         return v
 
 
+def _eval_task(v: str) -> str:
+    from raysent.eval.suite import EVAL_TASKS
+
+    if v not in EVAL_TASKS:
+        raise ValueError(f"unknown evaluation task {v!r}{did_you_mean(v, EVAL_TASKS)}; allowed: "
+                         + ", ".join(repr(t) for t in EVAL_TASKS))
+    return v
+
+
 class EvalConfig(Strict):
-    tasks: list[Literal["sts", "senteval", "search", "geometry", "sts17"]] = Field(
-        default_factory=lambda: ["sts"], description="final-phase evaluation tasks")
+    tasks: list[Annotated[str, AfterValidator(_eval_task)]] = Field(
+        default_factory=lambda: ["sts"],
+        description="final-phase evaluation tasks (raysent.eval.suite): sts, senteval, search, geometry, sts17; "
+        "a list or one comma-separated string")
     aggregation: Literal["all", "mean", "wmean"] = Field(
         "all", description="STS12-16 aggregation reported as the headline (all three are recorded)")
     max_length: int = Field(256, gt=1)
     batch_size: int = Field(128, gt=0)
     pooling: str | None = Field(None, description="override the method's inference pooling")
+
+    @field_validator("tasks", mode="before")
+    @classmethod
+    def _tasks_list(cls, v):
+        return [t.strip() for t in v.split(",") if t.strip()] if isinstance(v, str) else v
+
+    @field_validator("tasks")
+    @classmethod
+    def _tasks_given(cls, v):
+        from raysent.eval.suite import EVAL_TASKS
+
+        if not v:
+            raise ValueError(f"at least one evaluation task is needed; allowed: {', '.join(map(repr, EVAL_TASKS))}")
+        return list(dict.fromkeys(v))
 
     @field_validator("pooling")
     @classmethod

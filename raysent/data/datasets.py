@@ -210,6 +210,17 @@ DATASETS: dict[str, DatasetDecl] = {
              for t, c in STS17_TRACKS.items() if c},
         default_split="en-en",
     ),
+    "quora-duplicates": DatasetDecl(
+        name="quora-duplicates",
+        kind="scored_pairs",
+        description="Quora duplicate question pairs (404,290; score = label, 1 duplicate, 0 different): "
+        "semantic search queries and documents (raysent.eval.retrieval)",
+        local={"train": ("pairs/quora_duplicates.tsv",)},
+        hub={"train": HubSource("sentence-transformers/quora-duplicates", split="train", config="pair-class",
+                                columns=(("score", "label"),))},
+        default_split="train",
+        score_range=(0.0, 1.0),
+    ),
     "sts-unlabeled": DatasetDecl(
         name="sts-unlabeled",
         kind="sentences",

@@ -96,7 +96,7 @@ class TrainHooks:
                 final.rename(old)
             Path(checkpoint_dir).rename(final)
             shutil.rmtree(old, ignore_errors=True)
-        if "dev_spearman" in metrics and not metrics.get("done"):
+        if "dev_spearman" in metrics and not metrics.get("finished"):
             self.log(_format_eval(metrics))
 
     def finish(self, metrics: dict, summary: dict) -> None:
@@ -289,9 +289,10 @@ def run_training(cfg: ExperimentConfig, method: Method, data: TokenizedData, dev
         state.dev_curve.append({"step": state.step, **scores})
         if state.step == 0 and state.initial_dev is None:
             state.initial_dev = scores
+        # ("finished", not "done": Tune reads a reported "done" as the end of the trial)
         metrics = {"step": state.step, "epoch": state.epoch, "loss": loss_avg,
                    "lr": scheduler.get_last_lr()[0] if scheduler is not None else 0.0, **scores,
-                   "best_dev_spearman": state.best_score, "best_step": state.best_step, "done": False}
+                   "best_dev_spearman": state.best_score, "best_step": state.best_step, "finished": False}
         stop = t.patience is not None and state.evals_since_best >= t.patience
         checkpoint_and_report(metrics, improved)
         return stop
@@ -384,7 +385,7 @@ def run_training(cfg: ExperimentConfig, method: Method, data: TokenizedData, dev
     if hooks.rank == 0:
         summary["best_model_dir"] = str(best_dir)
     final = {"step": state.step, "epoch": state.epoch, "best_dev_spearman": state.best_score,
-             "best_step": state.best_step, "done": True,
+             "best_step": state.best_step, "finished": True,
              **(state.dev_curve[-1] if state.dev_curve else {})}
     final.pop("step", None)
     hooks.finish({"step": state.step, **final}, summary)

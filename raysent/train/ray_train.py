@@ -136,7 +136,7 @@ class RayHooks(TrainHooks):
             self._last = Path(checkpoint_dir)
         else:
             ray.train.report(clean)
-        if "dev_spearman" in metrics and not metrics.get("done"):
+        if "dev_spearman" in metrics and not metrics.get("finished"):
             from raysent.train.loop import _format_eval
 
             self.log(_format_eval(metrics))
@@ -156,7 +156,7 @@ class RayHooks(TrainHooks):
                 _link_tree(self._last, final)
             final.mkdir(exist_ok=True)
             (final / SUMMARY_FILE).write_text(json.dumps(summary, default=str))
-        self.report({**metrics, "done": True}, final)
+        self.report({**metrics, "finished": True}, final)
         if self.rank == 0 and self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
 

@@ -127,7 +127,7 @@ def run_trial(config: dict, ctx: dict) -> None:
         write_json_atomic(path, record)
     tune.report({ctx["metric"]: record["best_dev_spearman"] if ctx["metric"] == "best_dev_spearman"
                  else (record["dev_curve"][-1].get(ctx["metric"], math.nan) if record["dev_curve"] else math.nan),
-                 "seed": seed, "done": True, **{k: v for k, v in record["scores"].items() if isinstance(v, float)}})
+                 "seed": seed, "finished": True, **{k: v for k, v in record["scores"].items() if isinstance(v, float)}})
 
 
 def _train(cfg: ExperimentConfig) -> dict:
@@ -157,9 +157,12 @@ def _train(cfg: ExperimentConfig) -> dict:
 def evaluate_final(cfg: ExperimentConfig, model_dir: str) -> dict:
     """The final phase's test evaluation of the saved best model (``eval.tasks``)."""
     from raysent.eval.suite import evaluate_tasks
+    from raysent.models.encoder import Encoder
 
     e = cfg.eval
-    res = evaluate_tasks(model_dir, e.tasks, pooling=e.pooling, max_length=e.max_length, batch_size=e.batch_size,
+    encoder = Encoder.load(model_dir)  # the saved best model, with its inference pooling in raysent.json
+    encoder.eval()
+    res = evaluate_tasks(encoder, e.tasks, pooling=e.pooling or encoder.meta.pooling, max_length=e.max_length, batch_size=e.batch_size,
                          options={"sts": {"aggregation": e.aggregation}})
     return {"metrics": {k: float(v) for k, v in res["metrics"].items() if isinstance(v, (int, float))},
             "details": res.get("details", {})}

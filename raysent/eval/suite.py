@@ -1,0 +1,273 @@
+"""One entry point for every evaluation: :func:`evaluate_tasks` (``raysent eval --tasks ...``).
+
+Tasks (the values allowed in ``eval.tasks`` of an experiment YAML and in ``--tasks``):
+
+=========  ==========================================================  ============================
+task       what                                                        module
+=========  ==========================================================  ============================
+sts        STS12-16, STS-B, SICK-R: Spearman ×100 of cosine            :mod:`raysent.eval.sts`
+senteval   MR CR SUBJ MPQA SST-2 TREC MRPC: probe accuracy ×100        :mod:`raysent.eval.senteval`
+search     FAISS semantic search: MRR@10, recall@k, latency, memory    :mod:`raysent.eval.retrieval`
+geometry   alignment, uniformity, singular-value spectrum              :mod:`raysent.eval.geometry`
+sts17      multilingual / cross-lingual STS17: Pearson ×100            :mod:`raysent.eval.sts17`
+=========  ==========================================================  ============================
+
+The model is embedded through one cache: a sentence shared by several tasks (STS-B test is read
+by ``sts``, ``search`` and ``geometry``) is embedded once. The result's ``metrics`` are flat,
+MLflow-safe names (``sts/stsb``, ``senteval/MR``, ``search/mrr_at_10``, ``geometry/alignment``,
+``sts17/en-en``); ``details`` holds each task's full result and ``table`` a printable summary.
+Imports no Ray and no MLflow.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from raysent.errors import RaysentError, did_you_mean
+
+EVAL_TASKS = ("sts", "senteval", "search", "geometry", "sts17")
+TASK_TITLES = {"sts": "STS", "senteval": "SentEval transfer", "search": "Semantic search", "geometry": "Geometry",
+               "sts17": "STS17"}
+
+
+def check_tasks(tasks: str | Sequence[str], field: str = "tasks") -> list[str]:
+    """``'sts,senteval'`` or a list -> the validated, de-duplicated list (error names the allowed values)."""
+    if isinstance(tasks, str):
+        tasks = [t.strip() for t in tasks.split(",") if t.strip()]
+    tasks = list(dict.fromkeys(tasks))
+    if not tasks:
+        raise RaysentError(f"{field}: no evaluation task given; allowed: {', '.join(EVAL_TASKS)}")
+    for t in tasks:
+        if t not in EVAL_TASKS:
+            raise RaysentError(f"{field}: unknown evaluation task {t!r}{did_you_mean(str(t), EVAL_TASKS)}; "
+                               f"allowed: {', '.join(EVAL_TASKS)}")
+    return tasks
+
+
+class EmbeddingCache:
+    """``encode(sentences)`` that remembers every vector: each distinct sentence is embedded once."""
+
+    def __init__(self, encode: Callable[[Sequence[str]], np.ndarray]):
+        self.encode = encode
+        self.vectors: dict[str, np.ndarray] = {}
+        self.seconds = 0.0
+
+    def __call__(self, sentences: Sequence[str]) -> np.ndarray:
+        missing = [s for s in dict.fromkeys(sentences) if s not in self.vectors]
+        if missing:
+            t0 = time.perf_counter()
+            vecs = np.asarray(self.encode(missing))
+            self.seconds += time.perf_counter() - t0
+            if len(vecs) != len(missing):
+                raise RaysentError(f"the encoder returned {len(vecs)} vectors for {len(missing)} sentences")
+            self.vectors.update(zip(missing, vecs))
+        if not len(sentences):
+            return np.zeros((0, 0), dtype=np.float32)
+        return np.stack([self.vectors[s] for s in sentences])
+
+    def __len__(self) -> int:
+        return len(self.vectors)
+
+
+def make_encode(model: Any, pooling: str | None = None, max_length: int = 256, batch_size: int = 128
+                ) -> Callable[[Sequence[str]], np.ndarray]:
+    """A sentence -> vector function from an :class:`~raysent.models.encoder.Encoder` or a callable."""
+    from raysent.models.encoder import Encoder
+
+    if isinstance(model, Encoder):
+        from raysent.models.embedder import Embedder
+        from raysent.models.pooling import describe_allowed, is_valid_pooling
+
+        pooling = pooling or model.meta.pooling
+        if pooling is None:
+            raise RaysentError(f"a pooling is needed to embed with {model.source} (it has no raysent.json); "
+                               f"allowed: {describe_allowed()}")
+        if not is_valid_pooling(pooling):
+            raise RaysentError(f"unknown pooling {pooling!r}; allowed: {describe_allowed()}")
+        return Embedder(lambda tok: model.embed(tok, pooling), model.tokenizer, module=model,
+                        max_length=max_length, batch_size=batch_size)
+    if callable(model):
+        if pooling is not None:
+            raise RaysentError("pooling applies to an Encoder; a callable encode(sentences) embeds by itself")
+        return model
+    raise RaysentError(f"expected an Encoder or a function encode(sentences) -> array, got {type(model).__name__}")
+
+
+def _task_functions() -> dict[str, Callable]:
+    from raysent.eval.geometry import evaluate_geometry
+    from raysent.eval.retrieval import evaluate_search
+    from raysent.eval.senteval import evaluate_senteval
+    from raysent.eval.sts import evaluate_sts
+    from raysent.eval.sts17 import evaluate_sts17
+
+    return {"sts": evaluate_sts, "senteval": evaluate_senteval, "search": evaluate_search,
+            "geometry": evaluate_geometry, "sts17": evaluate_sts17}
+
+
+def _check_options(task: str, fn: Callable, options: dict) -> None:
+    sig = inspect.signature(fn)
+    named = [p for p in list(sig.parameters)[1:] if p not in ("progress",)
+             and sig.parameters[p].kind is not inspect.Parameter.VAR_KEYWORD]
+    extra = []
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values()) and task == "senteval":
+        extra = ["optim", "batch_size", "tenacity", "epoch_size", "max_epoch", "dropout"]
+    for key in options:
+        if key not in named + extra:
+            raise RaysentError(f"unknown option {key!r} for the {task} task{did_you_mean(key, named + extra)}; "
+                               f"allowed: {', '.join(named + extra)}")
+
+
+def evaluate_tasks(
+    model: Any,
+    tasks: str | Sequence[str] = ("sts",),
+    *,
+    pooling: str | None = None,
+    max_length: int = 256,
+    batch_size: int = 128,
+    max_samples: int | None = None,
+    options: dict[str, dict] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> dict:
+    """Evaluate a model on several tasks; one embedding cache for all of them.
+
+    ``model``: an :class:`~raysent.models.encoder.Encoder` (with ``pooling``, or the pooling its
+    ``raysent.json`` names) or any ``encode(sentences) -> np.ndarray [N, d]`` (e.g. an
+    :class:`~raysent.models.embedder.Embedder`). ``options``: per task, keyword arguments of its
+    evaluator, e.g. ``{"senteval": {"tasks": ["CR"], "classifier": "mlp"}, "search": {"data":
+    "quora-duplicates"}, "sts": {"aggregation": "wmean"}}``. ``max_samples`` caps the data of
+    senteval, search, geometry and sts17 (a quick check; noted on the result), not of sts.
+
+    Returns ``{"metrics": {flat name: float}, "details": {task: result}, "table": str, "tasks",
+    "seconds": {task: s, "embedding": s, "total": s}, "sentences_embedded", "notes"}``.
+    """
+    tasks = check_tasks(tasks)
+    options = dict(options or {})
+    for key in options:
+        if key not in EVAL_TASKS:
+            raise RaysentError(f"options: unknown task {key!r}{did_you_mean(key, EVAL_TASKS)}; "
+                               f"allowed: {', '.join(EVAL_TASKS)}")
+    fns = _task_functions()
+    for t in tasks:
+        _check_options(t, fns[t], options.get(t, {}))
+    cache = EmbeddingCache(make_encode(model, pooling, max_length, batch_size))
+    t_all = time.perf_counter()
+    details, seconds, notes = {}, {}, []
+    for t in tasks:
+        kwargs = dict(options.get(t, {}))
+        if max_samples is not None:
+            if t == "sts":
+                notes.append("max_samples does not apply to sts: the STS sets are always evaluated whole")
+            else:
+                kwargs.setdefault("max_samples", max_samples)
+        t0 = time.perf_counter()
+        details[t] = fns[t](cache, progress=progress, **kwargs)
+        seconds[t] = time.perf_counter() - t0
+        notes += [f"{t}: {n}" if not n.startswith(t) else n for n in details[t].get("notes", [])]
+    seconds["embedding"] = cache.seconds
+    seconds["total"] = time.perf_counter() - t_all
+    result = {"tasks": tasks, "metrics": flat_metrics(details), "details": details, "seconds": seconds,
+              "sentences_embedded": len(cache), "notes": list(dict.fromkeys(notes))}
+    result["table"] = format_tables(result)
+    return result
+
+
+# --------------------------------------------------------------------------- flat metrics
+def flat_metrics(details: dict[str, dict]) -> dict[str, float]:
+    """MLflow-safe ``task/name`` metrics (letters, digits, ``_ - . / :`` only)."""
+    m: dict[str, float] = {}
+    if "sts" in details:
+        r = details["sts"]
+        for name, v in r["tasks"].items():
+            m[f"sts/{name}"] = v["spearman"]
+            m[f"sts/{name}/pearson"] = v["pearson"]
+        m["sts/avg"] = r["avg"]
+    if "senteval" in details:
+        r = details["senteval"]
+        for name, v in r["tasks"].items():
+            m[f"senteval/{name}"] = v["acc"]
+            m[f"senteval/{name}/devacc"] = v["devacc"]
+            if "f1" in v:
+                m[f"senteval/{name}/f1"] = v["f1"]
+        m["senteval/avg"] = r["avg"]
+    if "search" in details:
+        r = details["search"]
+        for k, v in r.items():
+            if k.startswith(("mrr_at_", "recall_at_")) or k in ("ms_per_query", "batch_ms_per_query", "index_mb",
+                                                                 "queries", "corpus"):
+                m[f"search/{k}"] = float(v)
+    if "geometry" in details:
+        r = details["geometry"]
+        for k in ("alignment", "uniformity", "effective_rank", "top1_energy"):
+            m[f"geometry/{k}"] = r[k]
+    if "sts17" in details:
+        r = details["sts17"]
+        for track, v in r["tracks"].items():
+            m[f"sts17/{track}"] = v["pearson"]
+            m[f"sts17/{track}/spearman"] = v["spearman"]
+        m["sts17/avg"] = r["avg"]
+        m["sts17/avg/spearman"] = r["avg_spearman"]
+    return {k: float(v) for k, v in m.items()}
+
+
+# --------------------------------------------------------------------------- table
+def _row_table(title: str, heads: list[str], vals: list[str], foot: str = "") -> str:
+    widths = [max(len(h), len(v)) for h, v in zip(heads, vals)]
+    lines = [title, "  ".join(h.rjust(w) for h, w in zip(heads, widths)),
+             "  ".join(v.rjust(w) for v, w in zip(vals, widths))]
+    if foot:
+        lines.append(foot)
+    return "\n".join(lines)
+
+
+def format_tables(result: dict, title: str = "") -> str:
+    """A printable summary: one small table per task."""
+    from raysent.eval.sts import format_table as sts_table
+
+    d = result["details"]
+    parts = [title] if title else []
+    if "sts" in d:
+        parts.append(sts_table(d["sts"], title="STS (Spearman x100)"))
+    if "senteval" in d:
+        r = d["senteval"]
+        names = list(r["tasks"])
+        heads = names + ["Avg."]
+        vals = [f"{r['tasks'][n]['acc']:.2f}" for n in names] + [f"{r['avg']:.2f}"]
+        if "MRPC" in r["tasks"]:
+            heads.insert(names.index("MRPC") + 1, "MRPC-F1")
+            vals.insert(names.index("MRPC") + 1, f"{r['tasks']['MRPC']['f1']:.2f}")
+        p = r["probe"]
+        parts.append(_row_table(f"SentEval transfer (test accuracy x100; {p['name']}, kfold={p['kfold']})",
+                                heads, vals))
+    if "search" in d:
+        r = d["search"]
+        ks = [k for k in r if k.startswith("recall_at_")]
+        mrr = next(k for k in r if k.startswith("mrr_at_"))
+        heads = [f"MRR@{mrr.rsplit('_', 1)[1]}"] + [f"R@{k.rsplit('_', 1)[1]}" for k in ks] + ["ms/query", "index MB"]
+        vals = [f"{100 * r[mrr]:.2f}"] + [f"{100 * r[k]:.2f}" for k in ks] + [f"{r['ms_per_query']:.3f}",
+                                                                           f"{r['index_mb']:.2f}"]
+        parts.append(_row_table(f"Semantic search ({r['data']}, score >= {r['min_score']:g}: {r['queries']:,} queries, "
+                                f"{r['corpus']:,} documents; x100)", heads, vals))
+    if "geometry" in d:
+        r = d["geometry"]
+        parts.append(_row_table(f"Geometry ({r['data']}: {r['positive_pairs']:,} positive pairs, "
+                                f"{r['sentences']:,} sentences)", ["align", "uniform", "eff. rank", "top-1 energy"],
+                                [f"{r['alignment']:.4f}", f"{r['uniformity']:.4f}", f"{r['effective_rank']:.1f}",
+                                 f"{r['top1_energy']:.3f}"]))
+    if "sts17" in d:
+        r = d["sts17"]
+        names = list(r["tracks"])
+        parts.append(_row_table("STS17 (Pearson x100 of cosine; Spearman in the JSON)", names + ["Avg."],
+                                [f"{r['tracks'][n]['pearson']:.2f}" for n in names] + [f"{r['avg']:.2f}"]))
+    tail = []
+    secs = result.get("seconds", {})
+    if secs:
+        tail.append("time: " + ", ".join(f"{k} {v:.1f} s" for k, v in secs.items()))
+    tail += [f"note: {n}" for n in result.get("notes", [])]
+    if tail:
+        parts.append("\n".join(tail))
+    return "\n\n".join(parts)
