@@ -6,18 +6,12 @@ repeating a trial."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
-
 import numpy as np
 import pytest
 
 from raysent.config import load_config
 
-from conftest import RAW_BERT, REPO
+from conftest import RAW_BERT
 
 pytestmark = pytest.mark.slow
 
@@ -110,35 +104,3 @@ def test_search_seeds_failures_final_phase_and_mlflow(ray_cluster, tmp_path):
         curve = client.get_metric_history(rec["mlflow_run_id"], "dev_spearman")
         assert [m.step for m in curve] == [p["step"] for p in rec["dev_curve"]] == [2, 4]
     assert all(f"sts/{t}" in runs[r["mlflow_run_id"]].data.metrics for r in final for t in ("stsb", "sickr"))
-
-
-RESUME_SEARCH = """\
-  algorithm: random
-  num_samples: 4
-  seeds: 1
-  max_concurrent_trials: 1
-  space:
-    lr: {type: loguniform, low: 1.0e-5, high: 1.0e-4}
-"""
-
-
-def test_an_interrupted_search_resumes_with_no_trial_lost_or_repeated(ray_cluster, tmp_path):
-    path = experiment(tmp_path, "resumable", RESUME_SEARCH, "[1]")
-    runs = tmp_path / "results" / "resumable" / "runs"
-    env = {**os.environ, "RAY_ADDRESS": ray_cluster}
-    cmd = [sys.executable, "-m", "raysent.cli", "tune", path, "--quiet"]
-    proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 300
-    while time.time() < deadline and len(list(runs.glob("search-*.json"))) < 1:
-        time.sleep(1)
-    proc.send_signal(signal.SIGINT)  # Ctrl-C: Tune saves the search's state and stops
-    proc.communicate(timeout=120)
-    before = len(list(runs.glob("search-*.json")))
-    assert 1 <= before < 4, "the search was not interrupted midway"
-    done = subprocess.run(cmd + ["--resume", "--format", "json"], env=env, cwd=REPO, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-3000:]
-    records = [json.loads(p.read_text()) for p in runs.glob("search-*.json")]
-    assert len(records) == 4 and len({r["trial_id"] for r in records}) == 4
-    assert len({r["config_id"] for r in records}) == 4
-    summary = json.loads(done.stdout)
-    assert summary["final"]["seeds"] == [1]
