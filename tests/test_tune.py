@@ -1,7 +1,6 @@
 """`raysent tune` for real, with tiny budgets: Optuna sees the mean over the search seeds, every seed
 is its own result file and MLflow run, the final phase uses the best configuration, a diverging
-trial fails while the search completes, and an interrupted search resumes without losing or
-repeating a trial."""
+trial fails while the search completes."""
 
 from __future__ import annotations
 
