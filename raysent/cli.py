@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from raysent.errors import RaysentError
+from raysent.errors import Interrupted, RaysentError
 
 EPILOG = """environment:
   RAYSENT_DATA_DIR   folder with the layout of shared/data, looked at before the Hugging Face hub
@@ -414,6 +414,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         return args.func(args)
+    except Interrupted as exc:
+        print(f"raysent: {exc}", file=sys.stderr)
+        return 130
     except RaysentError as exc:
         print(f"raysent: error: {exc}", file=sys.stderr)
         return 2

@@ -44,7 +44,7 @@ class DataConfig(Strict):
                               "default: the method's paper data")
     dev: list[str] = Field(default_factory=lambda: ["stsb:dev"],
                            description="dev sets for model selection; the score is their mean Spearman")
-    max_train_samples: int | None = Field(None, gt=0, description="use only the first N training examples")
+    max_train_samples: int | None = Field(None, gt=0, description="use a random subset of N training examples (the same subset for every seed)")
     sup: str | None = Field(None, description="ConSERT two-stage modes: the supervised first stage's data")
 
     @field_validator("dev", mode="before")

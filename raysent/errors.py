@@ -28,6 +28,10 @@ class ModelError(RaysentError):
     """A model that cannot be found or loaded."""
 
 
+class Interrupted(RaysentError):
+    """A search or final phase stopped before all its trials ended (Ctrl-C): its state is saved."""
+
+
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """' (did you mean 'x'?)' when a close match exists, else ''."""
     match = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)

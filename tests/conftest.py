@@ -13,6 +13,10 @@ SHARED = REPO.parent / "shared"
 
 os.environ.setdefault("RAYSENT_DATA_DIR", str(SHARED / "data"))
 os.environ.setdefault("RAYSENT_MODEL_DIR", str(SHARED / "models"))
+# Ray workers do not run in this folder: a relative path (CI passes ../shared/...) must become absolute
+# before the session's Ray starts, or workers started by the tests themselves look in the wrong place.
+for _var in ("RAYSENT_DATA_DIR", "RAYSENT_MODEL_DIR"):
+    os.environ[_var] = str(Path(os.environ[_var]).resolve())
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no hub here: fail fast instead of waiting on the network
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")

@@ -114,11 +114,12 @@ model:
   name: {RAW_BERT}
 data:
   train: sts-unlabeled
+  max_train_samples: 1280
 train:
   batch_size: 64
   lr: 1.0e-4
-  max_steps: 60
-  eval_every: 20
+  max_steps: 20
+  eval_every: 10
   log_every: 10
 params:
   pooling: mean
@@ -142,7 +143,7 @@ def two_worker_run(ray_cluster, tmp_path_factory):
 def test_raysent_train_on_two_workers_improves_the_raw_encoder(two_worker_run):
     tmp, summary = two_worker_run
     untuned, best = summary["initial_dev"]["dev_spearman"], summary["best_dev_spearman"]
-    assert summary["workers"] == 2 and summary["final_step"] == 60
+    assert summary["workers"] == 2 and summary["final_step"] == 20
     assert best > untuned + 2, (untuned, best)
     assert (tmp / "run" / "best" / "config.json").is_file()
     ev = json.loads(run_cli("eval", "--model", str(tmp / "run" / "best"), "--split", "dev", "--format", "json").stdout)
@@ -154,10 +155,10 @@ def test_a_dying_worker_is_replaced_and_the_run_resumes_exactly(two_worker_run):
 
     tmp, uninterrupted = two_worker_run
     cfg = with_overrides(load_config(tmp / "exp.yaml"), {"train.output_dir": str(tmp / "crash")})
-    summary = train_with_ray(cfg, quiet=True, fail_at_step=30)  # the last worker raises at step 30
-    assert summary["resumed_at_step"] == 20  # replaced, and resumed from the step-20 checkpoint
+    summary = train_with_ray(cfg, quiet=True, fail_at_step=15)  # the last worker raises at step 15
+    assert summary["resumed_at_step"] == 10  # replaced, and resumed from the step-10 checkpoint
     assert uninterrupted["resumed_at_step"] is None
-    assert summary["final_step"] == uninterrupted["final_step"] == 60
+    assert summary["final_step"] == uninterrupted["final_step"] == 20
     assert summary["best_dev_spearman"] == pytest.approx(uninterrupted["best_dev_spearman"], abs=1e-9)
     assert [c["dev_spearman"] for c in summary["dev_curve"]] == pytest.approx(
         [c["dev_spearman"] for c in uninterrupted["dev_curve"]], abs=1e-9)

@@ -119,7 +119,8 @@ class ConSERT(Method):
         if p.supervision not in ("sup-unsup", "joint-unsup"):
             return None
         if p.supervision == "sup-unsup":
-            first = {"method": "sbert-nli", "params": {"pooling": p.pooling}, "model.dropout": None}
+            first = {"method": "sbert-nli", "params": {"pooling": p.pooling, "eval_pooling": p.eval_pooling},
+                     "model.dropout": None}
         else:
             first = {"params": {**cfg.params, "supervision": "joint"}}
         first.update({"data.train": cfg.data.sup, "lr": p.sup_lr, "epochs": p.sup_epochs, "patience": None,

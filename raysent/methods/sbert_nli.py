@@ -16,7 +16,7 @@ single linear layer is used.) Defaults, as Liao's SBERT baseline: batch 64, lr 2
 from __future__ import annotations
 
 import torch
-from pydantic import Field
+from pydantic import Field, field_validator
 from torch.nn import functional as F
 
 from raysent.methods.base import LossOutput, Method, concat_batches
@@ -26,6 +26,19 @@ from raysent.models.heads import PairClassifier
 
 class SBERTNLIParams(PoolingParams):
     pooling: str = Field("mean", description="SBERT's mean pooling")
+    eval_pooling: str | None = Field(None, description="evaluation pooling (null: the training pooling); ConSERT's "
+                                                      "sup-unsup stage 1 sets its own (last2_avg), so the stage's "
+                                                      "checkpoint is chosen, and the untuned model read, as ConSERT "
+                                                      "evaluates")
+
+    @field_validator("eval_pooling")
+    @classmethod
+    def _known_eval_pooling(cls, v):
+        from raysent.models.pooling import describe_allowed, is_valid_pooling
+
+        if v is not None and not is_valid_pooling(v):
+            raise ValueError(f"unknown eval_pooling {v!r}; allowed: {describe_allowed()}")
+        return v
 
 
 def nli_fields(data):
@@ -51,6 +64,9 @@ class SBERTNLI(Method):
 
     def fields(self, data):
         return nli_fields(data)
+
+    def inference_pooling(self) -> str:
+        return self.params.eval_pooling or super().inference_pooling()
 
     def encode_pairs(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """(u, v): premises and hypotheses pooled, in one forward pass."""

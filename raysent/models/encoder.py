@@ -191,9 +191,15 @@ class Encoder(nn.Module):
         return emb
 
     def pooler_mlp(self) -> nn.Module | None:
-        """The model's own dense+tanh pooler when its weights were trained, else None."""
+        """The model's own dense+tanh pooler, as a module on the [CLS] vector [B, d], when trained; else None.
+
+        HF's ``BertPooler.forward`` takes the whole sequence [B, T, d] and picks [:, 0] itself, while
+        ``pooling.pool`` hands the MLP the [CLS] vector: so its two layers (same weights) are returned.
+        """
         pooler = getattr(self.model, "pooler", None)
-        return pooler if (pooler is not None and self.has_trained_pooler) else None
+        if pooler is None or not self.has_trained_pooler:
+            return None
+        return nn.Sequential(pooler.dense, pooler.activation)
 
     # ----------------------------------------------------------------- forward
     def forward(

@@ -167,8 +167,17 @@ def _train_worker(config: dict) -> None:
         # a node with its own copy of the data (cluster setup) keeps it; paths that exist here win
         if key not in os.environ or not key.endswith("_DIR") or os.path.exists(value):
             os.environ[key] = value
-    # Ray Train's per-report INFO lines would drown the progress lines
-    logging.getLogger("ray.train").setLevel(logging.WARNING)
+    # Ray Train's per-report INFO lines would drown the progress lines; the module that writes them names
+    # its logger by its file path, not by its module, so "ray.train" alone does not cover it
+    names = ["ray.train"]
+    try:
+        from ray.train.v2._internal.execution import context as _train_context
+
+        names.append(_train_context.__file__)
+    except ImportError:  # another Ray version: its lines stay
+        pass
+    for name in names:
+        logging.getLogger(name).setLevel(logging.WARNING)
     cfg = parse_config(config["config"], source="<ray worker config>")
     hooks = RayHooks(cfg, quiet=config.get("quiet", False))
     method = build_method(cfg)

@@ -17,12 +17,15 @@ from raysent.data.batching import TokenizedData
 from raysent.methods import Method, get_method
 from raysent.methods.base import PREVIOUS_STAGE_BEST
 from raysent.models.encoder import Encoder
-from raysent.train.loop import TrainHooks, run_training, write_json_atomic
+from raysent.train.loop import TrainHooks, run_training, set_seed, write_json_atomic
 
 log = logging.getLogger("raysent.train")
 
 
 def build_method(cfg: ExperimentConfig) -> Method:
+    # the heads (SimCSE's MLP, SG's projection, the layer-attention pooler, the NLI classifier) are
+    # initialised here: seeded, so a run is reproducible and the same on every worker
+    set_seed(cfg.train.seed)
     encoder = Encoder.load(cfg.model.name, dropout=cfg.model.dropout)
     return get_method(cfg.method)(encoder, cfg.method_params)
 
@@ -31,7 +34,7 @@ def prepare_data(cfg: ExperimentConfig, method: Method) -> tuple[TokenizedData, 
     """Tokenized training data, the grouping of examples (or None), and a description for the record."""
     data = load(cfg.data.train, method.data_kind(method.params))
     if cfg.data.max_train_samples is not None and cfg.data.max_train_samples < len(data):
-        data = _head(data, cfg.data.max_train_samples)
+        data = _subset(data, cfg.data.max_train_samples)
     fields, extras = method.fields(data)
     max_len = min(cfg.train.max_length, method.encoder.max_positions)
     tok = TokenizedData(fields, method.encoder.tokenizer, max_len, extras)
@@ -40,14 +43,20 @@ def prepare_data(cfg: ExperimentConfig, method: Method) -> tuple[TokenizedData, 
     return tok, method.groups(data), info
 
 
-def _head(data, n: int):
+SUBSET_SEED = 0  # the same subset for every training seed: seeds then differ only in the training itself
+
+
+def _subset(data, n: int):
+    """A random subset of n examples, in their original order (the head of a file is often one genre:
+    sts-unlabeled starts with STS12's news, so a head would not be a sample of the set)."""
     import dataclasses
 
+    idx = np.sort(np.random.default_rng(SUBSET_SEED).choice(len(data), size=n, replace=False))
     changes = {}
     for f in dataclasses.fields(data):
         v = getattr(data, f.name)
         if f.name not in ("name", "source", "notes", "transductive") and hasattr(v, "__len__") and len(v) == len(data):
-            changes[f.name] = v[:n]
+            changes[f.name] = v[idx] if isinstance(v, np.ndarray) else type(v)(v[i] for i in idx)
     return dataclasses.replace(data, **changes)
 
 

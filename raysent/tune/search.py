@@ -37,7 +37,7 @@ import numpy as np
 import yaml
 
 from raysent.config import ExperimentConfig, hyperparameters, parse_config, with_overrides
-from raysent.errors import RaysentError
+from raysent.errors import Interrupted, RaysentError
 from raysent.train.loop import TrainHooks, write_json_atomic
 from raysent.tune.space import config_id, decode, grid, suggest
 
@@ -327,11 +327,23 @@ def run_search(cfg: ExperimentConfig, exp: Path, state: dict, mlflow: dict | Non
                       run_config=RunConfig(name=f"search-{run}", storage_path=str(storage),
                                            failure_config=tune.FailureConfig(max_failures=0)))
     results = tuner.fit()
+    _check_complete(results, None if s.algorithm == "grid" else n, cfg, "search")
     failed = [{"trial_id": r.metrics.get("trial_id") if r.metrics else None, "path": r.path,
                "error": str(r.error).strip().splitlines()[-1][:500]} for r in results if r.error is not None]
     for f in failed:
         say(f"trial failed: {f['error']}")
     return pick_best(cfg, exp, run, mlflow, failed, say)
+
+
+def _check_complete(results, expected: int | None, cfg: ExperimentConfig, what: str) -> None:
+    """Tune returns normally when interrupted (Ctrl-C), having saved its state: an unfinished trial, or fewer
+    trials than asked for, means the phase did not end and must not be summarised as if it had."""
+    ended = results.num_terminated + results.num_errors
+    if ended < len(results) or (expected is not None and len(results) < expected):
+        total = expected if expected is not None else len(results)
+        raise Interrupted(f"{what} of {cfg.name} interrupted after {ended} of {total} trial(s); its state is saved: "
+                          f"`raysent tune --resume` with the same config continues it (finished trials are kept, "
+                          f"unfinished ones go on from their last checkpoint)")
 
 
 def _records(exp: Path, phase: str, run: str) -> list[dict]:
@@ -398,6 +410,7 @@ def run_final(cfg: ExperimentConfig, exp: Path, state: dict, best: dict, mlflow:
                       run_config=RunConfig(name=name, storage_path=str(storage),
                                            failure_config=tune.FailureConfig(max_failures=0)))
     results = tuner.fit()
+    _check_complete(results, len(cfg.seeds), cfg, "final phase")
     errors = [str(r.error).strip().splitlines()[-1][:500] for r in results if r.error is not None]
     recs = [r for r in _records(exp, "final", run) if r["config_id"] == best["config_id"]]
     if not recs:
