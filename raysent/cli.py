@@ -2,6 +2,10 @@
 
     raysent train FILE.yaml        train one configuration (one worker here, or N with Ray Train)
     raysent eval --model M         the 7-set STS table of any encoder (or a model raysent trained)
+    raysent eval --model M --layers  the per-layer × pooling STS-B dev grid of an encoder
+    raysent table [EXPERIMENT...]  paper-style mean±std tables (md, tex, csv), --published beside them
+    raysent plot EXPERIMENT        PNG plots: dev curves, score per hyperparameter, Optuna's plots
+    raysent compare RUN_A RUN_B    per-data-set differences with a paired test across seeds
     raysent methods                every method with its variants and paper defaults
     raysent data                   the named data sets and where each one is found
 
@@ -59,9 +63,19 @@ def cmd_tune(args) -> int:
         p = plan(cfg, final_only=args.final_only)
         print(json.dumps(p, indent=2, default=str) if args.format == "json" else yaml_dump(p))
         return 0
-    summary = tune_experiment(cfg, resume=args.resume, final_only=args.final_only, quiet=args.quiet, source=str(path))
+    with _stdout_for(args.format):
+        summary = tune_experiment(cfg, resume=args.resume, final_only=args.final_only, quiet=args.quiet,
+                                  source=str(path))
     print(json.dumps(summary, indent=2, default=str) if args.format == "json" else format_summary(summary))
     return 0
+
+
+def _stdout_for(fmt: str):
+    """With --format json, stdout carries the JSON alone: what Ray and Tune print meanwhile (worker
+    logs forwarded to the driver, Tune's status tables) goes to stderr."""
+    import contextlib
+
+    return contextlib.redirect_stdout(sys.stderr) if fmt == "json" else contextlib.nullcontext()
 
 
 def yaml_dump(obj) -> str:
@@ -84,7 +98,8 @@ def cmd_train(args) -> int:
     if cfg.resources.workers:
         from raysent.train.ray_train import train_with_ray
 
-        summary = train_with_ray(cfg, resume=args.resume, quiet=args.quiet)
+        with _stdout_for(args.format):
+            summary = train_with_ray(cfg, resume=args.resume, quiet=args.quiet)
     else:
         from raysent.train.run import train_in_process
 
@@ -136,6 +151,11 @@ def cmd_eval(args) -> int:
     from raysent.eval.suite import check_tasks
 
     tasks = check_tasks(args.tasks, field="--tasks")  # before importing torch and loading the model
+    if args.layers and (tasks != ["sts"] or args.pooling):
+        raise RaysentError("--layers scores every layer with each of --layer-poolings on the --dev sets; it cannot "
+                           "be combined with --tasks or --pooling")
+    if args.plot and not args.layers:
+        raise RaysentError("--plot writes the --layers grid; add --layers")
     from raysent.eval.sts import TASK_LABELS, evaluate_dev, evaluate_sts, format_table
     from raysent.models.embedder import Embedder
     from raysent.models.encoder import Encoder
@@ -148,6 +168,8 @@ def cmd_eval(args) -> int:
 
         torch.set_num_threads(args.threads)
     encoder = Encoder.load(args.model)
+    if args.layers:
+        return _eval_layers(args, encoder)
     pooling = args.pooling or _default_pooling(encoder)
     if pooling is None:
         raise RaysentError(f"--pooling is needed: {args.model} does not say how its sentence vectors are read "
@@ -185,6 +207,27 @@ def cmd_eval(args) -> int:
             print(format_table(res, title=f"{args.model}  pooling={pooling}"))
         return 0
     return _eval_suite(args, tasks, embedder, pooling, progress, started)
+
+
+def _eval_layers(args, encoder) -> int:
+    """``--layers``: Spearman of every (layer, pooling) on the --dev sets (raysent.eval.layers)."""
+    from raysent.eval.layers import format_grid, layer_grid
+
+    progress = None if args.format == "json" else (lambda m: print(m, file=sys.stderr))
+    res = layer_grid(encoder, args.dev, poolings=args.layer_poolings, max_pairs=args.max_samples,
+                     max_length=args.max_length, batch_size=args.batch_size, progress=progress)
+    res["model"] = args.model
+    if args.plot:
+        from raysent.report.plots import plot_layer_grid
+
+        res["plot"] = str(plot_layer_grid(res, args.plot))
+    if args.format == "json":
+        print(json.dumps(res, indent=2))
+    else:
+        print(format_grid(res, title=f"{args.model}: Spearman x100 per layer and pooling"))
+        if args.plot:
+            print(f"wrote {res['plot']}", file=sys.stderr)
+    return 0
 
 
 def _eval_suite(args, tasks: list[str], embedder, pooling: str, progress, started: float) -> int:
@@ -229,6 +272,68 @@ def _json_default(o):
     if isinstance(o, set):
         return sorted(o)
     return str(o)
+
+
+# --------------------------------------------------------------------------- report
+def _split_fields(values: list[str] | None) -> list[str]:
+    return [v.strip() for item in values or [] for v in item.split(",") if v.strip()]
+
+
+def cmd_table(args) -> int:
+    from raysent.report.runs import experiments, load_experiment
+    from raysent.report.table import build_table, output_stem
+
+    names = args.experiments or experiments(args.results_dir)
+    if not names:
+        raise RaysentError(f"no experiment with run files under {args.results_dir}/ (results/<experiment>/runs/*.json; "
+                           "`raysent tune FILE.yaml` writes them)")
+    runs = [r for name in names for r in load_experiment(name, args.results_dir, args.phase)]
+    group_by = _split_fields(args.group_by)
+    published_file = args.published_file
+    if published_file is None and (Path(args.results_dir) / "published.yaml").is_file():
+        published_file = Path(args.results_dir) / "published.yaml"
+    table = build_table(runs, aggregation=args.aggregation, correlation=args.correlation, group_by=group_by,
+                        published=args.published, published_file=published_file, dev=args.dev)
+    if args.format == "markdown":
+        print(table.to_markdown(), end="")
+    elif args.format == "latex":
+        print(table.to_latex(), end="")
+    else:
+        print(table.to_csv(), end="")
+    if not args.no_write:
+        stem = args.output or output_stem(args.results_dir, names, args.phase, args.aggregation, args.correlation,
+                                          group_by, args.published)
+        paths = table.write(stem)
+        print(f"wrote {', '.join(str(p) for p in paths)}", file=sys.stderr)
+    return 0
+
+
+def cmd_plot(args) -> int:
+    from raysent.report.plots import PLOT_KINDS, plot_experiment
+
+    kinds = _split_fields(args.kinds) or list(PLOT_KINDS)
+    bad = [k for k in kinds if k not in PLOT_KINDS]
+    if bad:
+        raise RaysentError(f"--kinds {','.join(bad)}: unknown; allowed: {', '.join(PLOT_KINDS)}")
+    written, skipped = plot_experiment(args.experiment, args.results_dir, kinds, search=args.search,
+                                       out_dir=args.output_dir)
+    for p in written:
+        print(p)
+    for s in skipped:
+        print(f"skipped {s}", file=sys.stderr)
+    if not written:
+        raise RaysentError(f"no plot written for {args.experiment!r}: " + "; ".join(skipped))
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from raysent.report.compare import compare, format_comparison
+
+    phase = None if args.phase == "any" else args.phase
+    res = compare(args.runs, args.results_dir, phase=phase, aggregation=args.aggregation,
+                  correlation=args.correlation)
+    print(json.dumps(res, indent=2) if args.format == "json" else format_comparison(res, alpha=args.alpha))
+    return 0
 
 
 # --------------------------------------------------------------------------- methods / data
@@ -380,15 +485,91 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--geometry-min-score", type=float, default=4.0, help="positive pairs for alignment (default 4.0)")
     g.add_argument("--sts17-tracks", nargs="+", metavar="TRACK",
                    help="subset of ar-ar ar-en es-es es-en.track4a es-en.track4b en-en (default: all)")
+    g = e.add_argument_group("layers")
+    g.add_argument("--layers", action="store_true",
+                   help="score every layer (0 = embeddings .. L) with each of --layer-poolings on the --dev sets "
+                   "(default stsb:dev): the layer x pooling grid of SG-BERT's Figure 1")
+    g.add_argument("--layer-poolings", nargs="+", default=["cls", "mean", "max"], metavar="P",
+                   help="poolings of the grid, from cls (the layer's raw [CLS]), mean, max (default: all three)")
+    g.add_argument("--plot", metavar="FILE.png", help="with --layers: also write the grid as a PNG heatmap")
     e.add_argument("--max-samples", type=int, metavar="N",
                    help="quick check: at most N rows per split / pairs per set for senteval, search, geometry "
-                   "and sts17 (noted in the output; not the published protocol)")
+                   "and sts17, and the first N pairs of each --dev set for --layers (noted in the output; not the "
+                   "published protocol)")
     e.add_argument("--threads", type=int, help="CPU threads for embedding (torch.set_num_threads; default: torch's)")
     e.add_argument("--max-length", type=int, default=256, help="max tokens per sentence")
     e.add_argument("--batch-size", type=int, default=128)
     e.add_argument("--format", choices=["table", "text", "json"], default="table",
                    help="table/text: printed tables; json: every number")
     e.set_defaults(func=cmd_eval)
+
+    tb = sub.add_parser("table", help="paper-style mean±std tables of experiments' runs (markdown, LaTeX, CSV)",
+                        description="One row per configuration (or per value of --group-by) with STS12, STS13, "
+                        "STS14, STS15, STS16, STS-B, SICK-R and Avg as 'mean±std (n)' over the runs (sample std, "
+                        "n-1), read from results/<experiment>/runs/*.json. A seed or data set that is missing shows "
+                        "as '(n/N)' or '— (0/N)' with a note. Prints markdown and writes "
+                        "results/<experiment>/table.{md,tex,csv} (table-<options>.* for non-default options).",
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    tb.add_argument("experiments", nargs="*", metavar="EXPERIMENT",
+                    help="experiment names (folders under --results-dir; default: every one with run files)")
+    tb.add_argument("--phase", choices=["final", "search"], default="final",
+                    help="final: the best configuration on every seed, test scores (default); search: every "
+                    "searched configuration, dev scores only")
+    tb.add_argument("--aggregation", choices=["all", "mean", "wmean"], default="all",
+                    help="STS12-16 aggregation: all (one correlation over every pair of the year, SimCSE/MTEB), mean "
+                    "or wmean (SentEval's per-sub-set averages); run files written by raysent tune hold all three")
+    tb.add_argument("--correlation", choices=["spearman", "pearson"], default="spearman")
+    tb.add_argument("--group-by", action="append", metavar="FIELD",
+                    help="one row per value of this run field (any hyperparameter or config field, e.g. temperature, "
+                    "pooling, lr, batch_size, or a dotted config path such as data.train); repeatable or "
+                    "comma-separated")
+    tb.add_argument("--published", nargs="?", const="match", metavar="WHICH",
+                    help="add the papers' rows from results/published.yaml, marked [paper], and a Δ row (ours − "
+                    "paper) where method and encoder match; WHICH: match (rows of the table's methods, the "
+                    "default), all, or paper names (SG-BERT, SimCSE, LayerAttPooler, ConSERT, SupCon), "
+                    "comma-separated")
+    tb.add_argument("--published-file", metavar="FILE", help="another published-numbers YAML (default "
+                    "<results-dir>/published.yaml, else the repository's results/published.yaml)")
+    tb.add_argument("--dev", action=argparse.BooleanOptionalAction, default=None,
+                    help="add a Dev column (best model-selection score); default: on for --phase search")
+    tb.add_argument("--results-dir", default="results", help="where the experiments are (default: results)")
+    tb.add_argument("--output", metavar="STEM", help="write STEM.md, STEM.tex, STEM.csv instead of "
+                    "results/<experiment>/table.*")
+    tb.add_argument("--no-write", action="store_true", help="print only")
+    tb.add_argument("--format", choices=["markdown", "latex", "csv"], default="markdown", help="what is printed")
+    tb.set_defaults(func=cmd_table)
+
+    pl = sub.add_parser("plot", help="PNG plots of an experiment: dev curves, score per hyperparameter, Optuna's "
+                        "importance and parallel-coordinate plots",
+                        description="Writes results/<experiment>/plots/dev_curves.png (dev score over steps per "
+                        "seed), search_hyperparameters.png (best dev score against each searched hyperparameter), "
+                        "optuna_importances.png and optuna_parallel_coordinate.png (Optuna's own matplotlib plots "
+                        "of the study in results/<experiment>/optuna.db). The layer x pooling grid is "
+                        "`raysent eval --model M --layers --plot FILE.png`.")
+    pl.add_argument("experiment", help="experiment name (a folder under --results-dir)")
+    pl.add_argument("--kinds", action="append", metavar="K1,K2",
+                    help="subset of dev, hp, importance, parallel (default: all four)")
+    pl.add_argument("--search", metavar="ID", help="one search's runs and study (default: every run; the study of "
+                    "the experiment's last search)")
+    pl.add_argument("--results-dir", default="results")
+    pl.add_argument("--output-dir", metavar="DIR", help="default results/<experiment>/plots")
+    pl.set_defaults(func=cmd_plot)
+
+    cp = sub.add_parser("compare", help="per-data-set differences between runs, paired t-test and Wilcoxon across "
+                        "seeds", description="RUN: an experiment (its final-phase runs), EXPERIMENT:CONFIG_ID, a "
+                        "config_id, or a quoted glob of run files (e.g. 'results/quick/runs/final-*.json'); each "
+                        "must name one configuration per seed. Every RUN after the first is compared with the "
+                        "first, seed by seed: Δ = B − A, scipy.stats.ttest_rel and scipy.stats.wilcoxon (two-sided).",
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    cp.add_argument("runs", nargs="+", metavar="RUN")
+    cp.add_argument("--phase", choices=["final", "search", "any"], default="final",
+                    help="phase of the runs an experiment or config_id names (default final; globs are taken as given)")
+    cp.add_argument("--aggregation", choices=["all", "mean", "wmean"], default="all")
+    cp.add_argument("--correlation", choices=["spearman", "pearson"], default="spearman")
+    cp.add_argument("--alpha", type=float, default=0.05, help="p-values below it are marked * (default 0.05)")
+    cp.add_argument("--results-dir", default="results")
+    cp.add_argument("--format", choices=["text", "json"], default="text")
+    cp.set_defaults(func=cmd_compare)
 
     m = sub.add_parser("methods", help="list the methods, their variants and paper defaults",
                        description="Every registered method with its paper, variants, hyperparameter defaults "

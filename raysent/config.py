@@ -113,9 +113,22 @@ class EvalConfig(Strict):
         "a list or one comma-separated string")
     aggregation: Literal["all", "mean", "wmean"] = Field(
         "all", description="STS12-16 aggregation reported as the headline (all three are recorded)")
+    sts_sets: list[str] | None = Field(None, description="the STS sets of the sts task (default: all seven: sts12 "
+                                       "sts13 sts14 sts15 sts16 stsb sickr); a subset for quick checks")
     max_length: int = Field(256, gt=1)
     batch_size: int = Field(128, gt=0)
     pooling: str | None = Field(None, description="override the method's inference pooling")
+
+    @field_validator("sts_sets")
+    @classmethod
+    def _known_sts_sets(cls, v):
+        from raysent.errors import did_you_mean
+        from raysent.eval.sts import TASK_LABELS
+
+        for t in v or []:
+            if t not in TASK_LABELS:
+                raise ValueError(f"unknown STS set {t!r}{did_you_mean(t, TASK_LABELS)}; allowed: {', '.join(TASK_LABELS)}")
+        return v
 
     @field_validator("tasks", mode="before")
     @classmethod

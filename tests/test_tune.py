@@ -5,17 +5,23 @@ trial fails while the search completes."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
 import numpy as np
 import pytest
 
 from raysent.config import load_config
 
-from conftest import RAW_BERT
+from conftest import RAW_BERT, REPO
 
 pytestmark = pytest.mark.slow
 
 
-def experiment(tmp_path, name: str, search: str, seeds: str) -> str:
+def experiment(tmp_path, name: str, search: str, seeds: str, sts_sets: str = "null") -> str:
     text = f"""\
 name: {name}
 method: simcse-unsup
@@ -23,7 +29,7 @@ model: {{name: {RAW_BERT}}}
 data: {{train: sts-unlabeled, dev: sickr:dev, max_train_samples: 256}}
 train: {{batch_size: 16, max_steps: 4, eval_every: 2, max_length: 24, lr: 1.0e-4, eval_at_start: false}}
 params: {{pooling: mean}}
-eval: {{tasks: [sts], batch_size: 256, max_length: 64}}
+eval: {{tasks: [sts], sts_sets: {sts_sets}, batch_size: 256, max_length: 64}}
 seeds: {seeds}
 resources: {{cpus_per_worker: 0.9}}
 tracking: {{results_dir: {tmp_path / 'results'}}}
@@ -103,3 +109,42 @@ def test_search_seeds_failures_final_phase_and_mlflow(ray_cluster, tmp_path):
         curve = client.get_metric_history(rec["mlflow_run_id"], "dev_spearman")
         assert [m.step for m in curve] == [p["step"] for p in rec["dev_curve"]] == [2, 4]
     assert all(f"sts/{t}" in runs[r["mlflow_run_id"]].data.metrics for r in final for t in ("stsb", "sickr"))
+
+
+RESUME_SEARCH = """\
+  algorithm: optuna
+  num_samples: 2
+  seeds: 2
+  max_concurrent_trials: 1
+  space:
+    lr: {type: loguniform, low: 1.0e-5, high: 1.0e-4}
+"""
+
+
+def test_an_interrupted_search_resumes_with_no_trial_lost_or_repeated(ray_cluster, tmp_path):
+    path = experiment(tmp_path, "resumable", RESUME_SEARCH, "[1]", sts_sets="[stsb]")  # the search is the point
+    runs = tmp_path / "results" / "resumable" / "runs"
+    env = {**os.environ, "RAY_ADDRESS": ray_cluster}
+    cmd = [sys.executable, "-m", "raysent.cli", "tune", path, "--quiet"]
+    proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None and len(list(runs.glob("search-*.json"))) < 1:
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)  # Ctrl-C: Tune saves the search's state and stops
+    _, err = proc.communicate(timeout=180)
+    before = len(list(runs.glob("search-*.json")))
+    assert 1 <= before < 4, "the search was not interrupted midway"
+    assert proc.returncode == 130 and "--resume" in err, err[-3000:]
+    assert not list(runs.glob("final-*.json"))  # an interrupted search is not summarised or followed
+    done = subprocess.run(cmd + ["--resume", "--format", "json"], env=env, cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = [json.loads(p.read_text()) for p in runs.glob("search-*.json")]
+    # 2 configurations x 2 seeds, each run exactly once
+    assert len(records) == 4 and len({r["trial_id"] for r in records}) == 4
+    by_config: dict = {}
+    for r in records:
+        by_config.setdefault(r["config_id"], []).append(r["seed"])
+    assert len(by_config) == 2 and all(sorted(v) == [1, 43] for v in by_config.values()), by_config
+    summary = json.loads(done.stdout)
+    assert summary["final"]["seeds"] == [1] and len(summary["best"]["configurations"]) == 2
+    assert {k for k in summary["final"]["scores"] if "/" in k and k.count("/") == 1} == {"sts/stsb", "sts/avg"}

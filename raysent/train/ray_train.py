@@ -207,7 +207,9 @@ def run_location(cfg: ExperimentConfig) -> tuple[str, str]:
     out = cfg.output_dir().resolve()
     if cfg.resources.storage_path:
         digest = hashlib.sha1(str(out).encode()).hexdigest()[:8]
-        return cfg.resources.storage_path, f"{cfg.name}-{out.name}-{digest}"
+        root = cfg.resources.storage_path
+        root = root if "://" in root else str(Path(root).expanduser().resolve())  # workers run elsewhere
+        return root, f"{cfg.name}-{out.name}-{digest}"
     return str(out / "ray"), "run"
 
 

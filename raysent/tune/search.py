@@ -125,9 +125,30 @@ def run_trial(config: dict, ctx: dict) -> None:
         m = ctx["mlflow"]
         record["mlflow_run_id"] = log_training_run(m["uri"], m["experiment_id"], cfg, record, m["parent"])
         write_json_atomic(path, record)
+    # the record also travels in the result: on a cluster this trial may run on another node, whose disk the
+    # driver cannot read; the driver writes every record it gets back into its own results/<exp>/runs
     tune.report({ctx["metric"]: record["best_dev_spearman"] if ctx["metric"] == "best_dev_spearman"
                  else (record["dev_curve"][-1].get(ctx["metric"], math.nan) if record["dev_curve"] else math.nan),
-                 "seed": seed, "finished": True, **{k: v for k, v in record["scores"].items() if isinstance(v, float)}})
+                 "seed": seed, "finished": True, RECORD_KEY: json.dumps(record, default=str),
+                 **{k: v for k, v in record["scores"].items() if isinstance(v, float)}})
+
+
+RECORD_KEY = "raysent_record"
+
+
+def _sync_records(results, exp: Path) -> int:
+    """Write the run records carried by the trials' results that are not on this machine's disk yet."""
+    written = 0
+    for r in results:
+        text = (r.metrics or {}).get(RECORD_KEY)
+        if not text:
+            continue
+        rec = json.loads(text)
+        path = exp / "runs" / f"{rec['phase']}-{rec['search']}-{rec['config_id']}-seed{rec['seed']}.json"
+        if not path.is_file():
+            write_json_atomic(path, rec)
+            written += 1
+    return written
 
 
 def _train(cfg: ExperimentConfig) -> dict:
@@ -163,7 +184,8 @@ def evaluate_final(cfg: ExperimentConfig, model_dir: str) -> dict:
     encoder = Encoder.load(model_dir)  # the saved best model, with its inference pooling in raysent.json
     encoder.eval()
     res = evaluate_tasks(encoder, e.tasks, pooling=e.pooling or encoder.meta.pooling, max_length=e.max_length, batch_size=e.batch_size,
-                         options={"sts": {"aggregation": e.aggregation}})
+                         options={"sts": {"aggregation": e.aggregation,
+                                          **({"tasks": e.sts_sets} if e.sts_sets else {})}})
     return {"metrics": {k: float(v) for k, v in res["metrics"].items() if isinstance(v, (int, float))},
             "details": res.get("details", {})}
 
@@ -224,6 +246,9 @@ def tune_experiment(cfg: ExperimentConfig, resume: bool = False, final_only: boo
     if not final_only and cfg.search is None:
         raise RaysentError(f"{source}: `raysent tune` needs a 'search' part (space, metric, num_samples, ...); "
                            "use `raysent train` for one configuration, or --final-only to run the seeds only")
+    sp = cfg.resources.storage_path
+    if sp and "://" not in sp:  # trials run in their own folders (and on other nodes): an absolute path
+        cfg = with_overrides(cfg, {"resources.storage_path": str(Path(sp).expanduser().resolve())})
     exp = experiment_dir(cfg)
     exp.mkdir(parents=True, exist_ok=True)
     state = _load_state(exp) if resume else {}
@@ -310,13 +335,13 @@ def run_search(cfg: ExperimentConfig, exp: Path, state: dict, mlflow: dict | Non
         scheduler = ASHAScheduler(time_attr="training_iteration", metric=metric, mode=s.mode, grace_period=s.scheduler.grace_period,
                                   reduction_factor=s.scheduler.reduction_factor,
                                   max_t=s.scheduler.max_t or 10**6)
-    storage = exp / "tune"
-    path = storage / f"search-{run}"
+    storage = tune_storage(cfg, exp)
+    path = f"{storage.rstrip('/')}/search-{run}"
     n = 1 if s.algorithm == "grid" else s.num_samples * s.seeds
     say(f"search {run}: {s.algorithm}, {n if s.algorithm != 'grid' else len(grid(s.space)) * s.seeds} trials "
         f"({s.seeds} seed(s) each), metric {metric} ({s.mode})")
-    if resume and Tuner.can_restore(str(path)):
-        tuner = Tuner.restore(str(path), trainable=trainable, resume_unfinished=True, resume_errored=False,
+    if resume and Tuner.can_restore(path):
+        tuner = Tuner.restore(path, trainable=trainable, resume_unfinished=True, resume_errored=False,
                               restart_errored=False, param_space=param_space)
     else:
         tuner = Tuner(trainable, param_space=param_space,
@@ -324,9 +349,10 @@ def run_search(cfg: ExperimentConfig, exp: Path, state: dict, mlflow: dict | Non
                       # TuneConfig's down to the searcher it wraps)
                       tune_config=TuneConfig(search_alg=searcher, scheduler=scheduler,
                                              num_samples=n, max_concurrent_trials=s.max_concurrent_trials),
-                      run_config=RunConfig(name=f"search-{run}", storage_path=str(storage),
+                      run_config=RunConfig(name=f"search-{run}", storage_path=storage,
                                            failure_config=tune.FailureConfig(max_failures=0)))
     results = tuner.fit()
+    _sync_records(results, exp)
     _check_complete(results, None if s.algorithm == "grid" else n, cfg, "search")
     failed = [{"trial_id": r.metrics.get("trial_id") if r.metrics else None, "path": r.path,
                "error": str(r.error).strip().splitlines()[-1][:500]} for r in results if r.error is not None]
@@ -344,6 +370,17 @@ def _check_complete(results, expected: int | None, cfg: ExperimentConfig, what: 
         raise Interrupted(f"{what} of {cfg.name} interrupted after {ended} of {total} trial(s); its state is saved: "
                           f"`raysent tune --resume` with the same config continues it (finished trials are kept, "
                           f"unfinished ones go on from their last checkpoint)")
+
+
+def tune_storage(cfg: ExperimentConfig, exp: Path) -> str:
+    """Where Tune keeps the experiment state and trial folders: ``resources.storage_path`` (a folder every
+    node sees, or s3:// / gs://; needed on a multi-node cluster) under the experiment's name, else
+    results/<experiment>/tune on this machine."""
+    if cfg.resources.storage_path:
+        root = cfg.resources.storage_path
+        root = root if "://" in root else str(Path(root).expanduser().resolve())
+        return f"{root.rstrip('/')}/{exp.name}"
+    return str(exp / "tune")
 
 
 def _records(exp: Path, phase: str, run: str) -> list[dict]:
@@ -398,18 +435,19 @@ def run_final(cfg: ExperimentConfig, exp: Path, state: dict, best: dict, mlflow:
     ctx = {"config": final_cfg.to_dict(), "source": state.get("source", "<config>"), "phase": "final", "run": run,
            "exp_dir": str(exp), "metric": tune_metric(cfg), "mlflow": mlflow, "env": _env(), "hp": best["hp"]}
     trainable = _trainable(cfg, ctx)
-    storage, name = exp / "tune", f"final-{run}"
+    storage, name = tune_storage(cfg, exp), f"final-{run}"
     say(f"final phase: {best['hp'] or 'the configuration as given'} on seeds {cfg.seeds}")
     param_space = {"seed": tune.grid_search(list(cfg.seeds))}
     concurrent = cfg.search.max_concurrent_trials if cfg.search else 1
-    if resume and Tuner.can_restore(str(storage / name)):
-        tuner = Tuner.restore(str(storage / name), trainable=trainable, resume_errored=False, param_space=param_space)
+    if resume and Tuner.can_restore(f"{storage.rstrip('/')}/{name}"):
+        tuner = Tuner.restore(f"{storage.rstrip('/')}/{name}", trainable=trainable, resume_errored=False, param_space=param_space)
     else:
         tuner = Tuner(trainable, param_space=param_space,
                       tune_config=TuneConfig(num_samples=1, max_concurrent_trials=concurrent),
-                      run_config=RunConfig(name=name, storage_path=str(storage),
+                      run_config=RunConfig(name=name, storage_path=storage,
                                            failure_config=tune.FailureConfig(max_failures=0)))
     results = tuner.fit()
+    _sync_records(results, exp)
     _check_complete(results, len(cfg.seeds), cfg, "final phase")
     errors = [str(r.error).strip().splitlines()[-1][:500] for r in results if r.error is not None]
     recs = [r for r in _records(exp, "final", run) if r["config_id"] == best["config_id"]]

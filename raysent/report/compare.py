@@ -1,0 +1,176 @@
+"""Is a difference beyond seed noise? ``raysent compare RUN_A RUN_B [RUN_C ...]``.
+
+Each RUN is an experiment (its final-phase runs), ``EXPERIMENT:CONFIG_ID``, a config_id, or a glob
+of run files (:func:`raysent.report.runs.resolve`); it must name one configuration per seed. The
+runs of B (and C, ...) are paired with A's by seed; for every data set (STS12 ... SICK-R, Avg, and
+the best dev score) over the seeds both sides have:
+
+* Δ = mean of (B − A) over the paired seeds, with the sample std of the differences (n−1);
+* the paired t-test (``scipy.stats.ttest_rel(B, A)``, two-sided): needs n ≥ 2 and differences
+  that are not all equal;
+* Wilcoxon's signed-rank test (``scipy.stats.wilcoxon(B, A)``, two-sided, exact for small n):
+  with n paired seeds its smallest possible p is 2/2^n, so it needs n ≥ 6 to reach p < 0.05.
+
+Seeds that only one side has are left out and named. Imports no Ray.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from pathlib import Path
+
+import numpy as np
+from scipy import stats
+
+from raysent.errors import RaysentError
+from raysent.report.runs import (TASK_LABELS, TASKS, Run, check_aggregation, check_choice, CORRELATIONS,
+                                 format_value, resolve, short_model)
+
+COLUMNS = (*TASKS, "avg", "dev")
+
+
+def by_seed(runs: list[Run], spec: str) -> dict[int, Run]:
+    out: dict[int, Run] = {}
+    for r in runs:
+        if r.seed in out:
+            other = out[r.seed]
+            configs = sorted({x.config_id for x in runs})
+            raise RaysentError(
+                f"{spec!r} names more than one run of seed {r.seed} ({other.path.name}, {r.path.name}; config_ids "
+                f"{', '.join(configs)}): name one configuration, e.g. {r.experiment}:{r.config_id} or a glob of its "
+                "run files")
+        out[r.seed] = r
+    return out
+
+
+def _p(fn, b, a) -> float | None:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            p = float(fn(b, a).pvalue)
+    except ValueError:
+        return None
+    return p if math.isfinite(p) else None
+
+
+def paired(a: dict[int, float], b: dict[int, float]) -> dict:
+    """The paired statistics of two {seed: value} maps (seeds in both only)."""
+    seeds = sorted(set(a) & set(b))
+    av = np.array([a[s] for s in seeds], dtype=float)
+    bv = np.array([b[s] for s in seeds], dtype=float)
+    d = bv - av
+    n = len(seeds)
+    res = {"seeds": seeds, "n": n, "a_mean": float(av.mean()) if n else None,
+           "a_std": float(av.std(ddof=1)) if n > 1 else None, "b_mean": float(bv.mean()) if n else None,
+           "b_std": float(bv.std(ddof=1)) if n > 1 else None, "diff_mean": float(d.mean()) if n else None,
+           "diff_std": float(d.std(ddof=1)) if n > 1 else None, "t_p": None, "wilcoxon_p": None, "note": ""}
+    if n < 2:
+        res["note"] = "fewer than 2 paired seeds: no test"
+        return res
+    if np.ptp(d) <= 1e-9 * max(1.0, float(np.abs(d).max())):  # equal up to float rounding
+        res["note"] = "all differences equal: the t-test is undefined"
+    else:
+        res["t_p"] = _p(stats.ttest_rel, bv, av)
+    if np.all(np.abs(d) <= 1e-12):
+        res["note"] = "no difference on any seed"
+    else:
+        res["wilcoxon_p"] = _p(stats.wilcoxon, bv, av)
+    return res
+
+
+def compare(specs: list[str], results_dir: str | Path = "results", phase: str | None = "final",
+            aggregation: str = "all", correlation: str = "spearman") -> dict:
+    """Every RUN after the first against the first (see the module docstring)."""
+    if len(specs) < 2:
+        raise RaysentError("raysent compare needs at least two runs: RUN_A RUN_B [RUN_C ...]")
+    check_choice(correlation, CORRELATIONS, "--correlation")
+    sides = []
+    for spec in specs:
+        runs = resolve(spec, results_dir, phase)
+        check_aggregation(runs, aggregation)
+        sides.append((spec, by_seed(runs, spec)))
+    base_spec, base = sides[0]
+    out = {"aggregation": aggregation, "correlation": correlation, "baseline": _describe(base_spec, base),
+           "comparisons": []}
+    for spec, other in sides[1:]:
+        rows = {}
+        for c in COLUMNS:
+            a = {s: v for s, r in base.items() if (v := r.score(c, aggregation, correlation)) is not None}
+            b = {s: v for s, r in other.items() if (v := r.score(c, aggregation, correlation)) is not None}
+            if a or b:
+                rows[c] = paired(a, b)
+                if not a or not b:
+                    side, vals = ("a", list(a.values())) if a else ("b", list(b.values()))
+                    rows[c][f"{side}_mean"] = float(np.mean(vals))
+                    rows[c][f"{side}_std"] = float(np.std(vals, ddof=1)) if len(vals) > 1 else None
+                    rows[c]["note"] = f"{'A' if not a else 'B'} has no {TASK_LABELS[c]} score" + (
+                        " (search-phase runs are not evaluated on the test sets)" if c in TASKS + ("avg",) and any(
+                            r.phase == "search" for r in (base if not a else other).values()) else "")
+                    continue
+                only = sorted(set(a) ^ set(b))
+                if only:
+                    rows[c]["unpaired_seeds"] = only
+        same = {r.path.resolve() for r in base.values()} == {r.path.resolve() for r in other.values()}
+        out["comparisons"].append({"run": _describe(spec, other), "tasks": rows, "same_runs": same,
+                                   "only_in_a": sorted(set(base) - set(other)),
+                                   "only_in_b": sorted(set(other) - set(base))})
+    return out
+
+
+def _describe(spec: str, runs: dict[int, Run]) -> dict:
+    rs = list(runs.values())
+    r0 = rs[0]
+    return {"spec": spec, "experiment": r0.experiment, "phase": ",".join(sorted({r.phase for r in rs})),
+            "config_id": ",".join(sorted({r.config_id for r in rs})), "method": r0.method,
+            "model": short_model(r0.model), "hp": {k: format_value(v) for k, v in r0.hp.items()},
+            "seeds": sorted(runs)}
+
+
+def _fmt(m, s) -> str:
+    if m is None:
+        return "—"
+    return f"{m:.2f}" + (f"±{s:.2f}" if s is not None else "")
+
+
+def _fmt_p(p, alpha) -> str:
+    if p is None:
+        return "—"
+    return (f"{p:.3g}" if p >= 1e-3 else f"{p:.1e}") + (" *" if p < alpha else "")
+
+
+def format_comparison(res: dict, alpha: float = 0.05) -> str:
+    def who(d):
+        hp = ", ".join(f"{k}={v}" for k, v in d["hp"].items())
+        return (f"{d['spec']}: {d['experiment']} {d['phase']} {d['config_id']} {d['method']} {d['model']}"
+                + (f" ({hp})" if hp else "") + f", seeds {', '.join(map(str, d['seeds']))}")
+
+    lines = [f"A = {who(res['baseline'])}"]
+    for comp in res["comparisons"]:
+        lines += ["", f"B = {who(comp['run'])}",
+                  f"{res['correlation'].capitalize()} x100; STS12-16 '{res['aggregation']}'; mean±std over the "
+                  f"paired seeds (sample std); Δ = B − A; p two-sided; * p < {alpha}"]
+        head = ["set", "A", "B", "Δ (B−A)", "n", "t-test p", "Wilcoxon p", ""]
+        body = []
+        for c, r in comp["tasks"].items():
+            body.append([TASK_LABELS[c] + (" (best)" if c == "dev" else ""), _fmt(r["a_mean"], r["a_std"]),
+                         _fmt(r["b_mean"], r["b_std"]),
+                         "—" if r["diff_mean"] is None else f"{r['diff_mean']:+.2f}"
+                         + (f"±{r['diff_std']:.2f}" if r["diff_std"] is not None else ""),
+                         str(r["n"]), _fmt_p(r["t_p"], alpha), _fmt_p(r["wilcoxon_p"], alpha),
+                         r["note"] + (f" (seeds {', '.join(map(str, r['unpaired_seeds']))} unpaired, left out)"
+                                      if r.get("unpaired_seeds") else "")])
+        widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
+        for row in [head, *body]:
+            lines.append("  ".join(str(x).ljust(w) if i in (0, 7) else str(x).rjust(w)
+                                   for i, (x, w) in enumerate(zip(row, widths))).rstrip())
+        if comp.get("same_runs"):
+            lines.append("note: A and B are the same run files")
+        if comp["only_in_a"] or comp["only_in_b"]:
+            lines.append(f"unpaired seeds left out: only in A {comp['only_in_a'] or '-'}, only in B "
+                         f"{comp['only_in_b'] or '-'}")
+        n = max((r["n"] for r in comp["tasks"].values()), default=0)
+        if 0 < n < 6:
+            lines.append(f"note: with {n} paired seeds Wilcoxon's smallest possible p is {2 / 2 ** n:.3g} "
+                         "(it needs 6 seeds to reach p < 0.05)")
+    return "\n".join(lines)

@@ -1,0 +1,227 @@
+"""PNG plots of an experiment (``raysent plot EXPERIMENT``) and of a layer grid (``raysent eval --layers``).
+
+* ``dev_curves.png``: the dev score (STS-B dev by default) over training steps, one line per run
+  (configuration × seed), one panel per phase.
+* ``search_hyperparameters.png``: each searched hyperparameter against the run's best dev score
+  (a dot per seed, the mean ± sample std of each configuration).
+* ``optuna_importances.png`` / ``optuna_parallel_coordinate.png``: Optuna's own
+  ``optuna.visualization.matplotlib.plot_param_importances`` and ``plot_parallel_coordinate`` on the
+  study in ``results/<experiment>/optuna.db`` (study ``search-<search id>``).
+* the layer × pooling heatmap of :func:`raysent.eval.layers.layer_grid` (SG-BERT's Figure 1).
+
+matplotlib with the Agg backend (no display needed). Imports no Ray.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.ticker import NullFormatter  # noqa: E402
+
+from raysent.errors import RaysentError  # noqa: E402
+from raysent.report.runs import Run, format_value, load_experiment  # noqa: E402
+
+PLOT_KINDS = ("dev", "hp", "importance", "parallel")
+FILES = {"dev": "dev_curves.png", "hp": "search_hyperparameters.png", "importance": "optuna_importances.png",
+         "parallel": "optuna_parallel_coordinate.png"}
+
+
+def _save(fig, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def _dev_label(runs: list[Run]) -> str:
+    specs = sorted({", ".join((r.config.get("data") or {}).get("dev") or ["stsb:dev"]) for r in runs})
+    return f"dev Spearman ×100 ({'; '.join(specs)})"
+
+
+def plot_dev_curves(runs: list[Run], path: str | Path, title: str = "") -> Path:
+    """The dev curve of every run: step on x, dev Spearman on y; a colour per configuration."""
+    runs = [r for r in runs if r.dev_curve()]
+    if not runs:
+        raise RaysentError("no run has a dev_curve to plot")
+    phases = [p for p in ("search", "final") if any(r.phase == p for r in runs)]
+    fig, axes = plt.subplots(1, len(phases), figsize=(6.0 * len(phases), 4.2), squeeze=False, sharey=True)
+    configs = sorted({r.config_id for r in runs})
+    colors = {c: plt.cm.tab10(i % 10) for i, c in enumerate(configs)}
+    styles = ["-", "--", ":", "-."]
+    for ax, phase in zip(axes[0], phases):
+        prs = sorted((r for r in runs if r.phase == phase), key=lambda r: (r.config_id, r.seed or 0))
+        seeds = sorted({r.seed for r in prs})
+        for r in prs:
+            steps, vals = zip(*r.dev_curve())
+            hp = ", ".join(f"{k}={format_value(v)}" for k, v in r.hp.items())
+            ax.plot(steps, vals, marker="o", ms=3, color=colors[r.config_id],
+                    linestyle=styles[seeds.index(r.seed) % len(styles)],
+                    label=f"{r.config_id} seed {r.seed}" + (f" ({hp})" if hp else ""))
+        ax.set_title(f"{phase} phase ({len(prs)} runs)")
+        ax.set_xlabel("training step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="best")
+    axes[0][0].set_ylabel(_dev_label(runs))
+    fig.suptitle(title or f"{runs[0].experiment}: dev score over training, per seed")
+    return _save(fig, Path(path))
+
+
+def _space(runs: list[Run]) -> dict:
+    for r in runs:
+        space = ((r.config.get("search") or {}).get("space")) or {}
+        if space:
+            return space
+    return {}
+
+
+def plot_hyperparameters(runs: list[Run], path: str | Path, title: str = "") -> Path:
+    """Each searched hyperparameter (x) against the best dev score of each run (y)."""
+    runs = [r for r in runs if r.phase == "search" and r.hp and r.score("dev") is not None]
+    if not runs:
+        raise RaysentError("no search-phase run with searched hyperparameters (hp) and a dev score")
+    names = list(dict.fromkeys(k for r in runs for k in r.hp))
+    space = _space(runs)
+    fig, axes = plt.subplots(1, len(names), figsize=(4.6 * len(names), 4.0), squeeze=False, sharey=True)
+    for ax, name in zip(axes[0], names):
+        have = [r for r in runs if name in r.hp]
+        xs = [r.hp[name] for r in have]
+        spec = space.get(name) if isinstance(space.get(name), dict) else {}
+        kind = str(spec.get("type", ""))
+        numeric = kind not in ("choice", "grid") and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                         for x in xs)
+        cats = None if numeric else sorted({x for x in xs}, key=lambda v: (isinstance(v, str), v if not
+                                                                            isinstance(v, str) else 0, str(v)))
+
+        def pos(x):
+            return x if numeric else cats.index(x)
+
+        ax.scatter([pos(x) for x in xs], [r.score("dev") for r in have], s=14, alpha=0.5, color="tab:gray",
+                   label="one seed")
+        by_cfg: dict[str, list[Run]] = {}
+        for r in have:
+            by_cfg.setdefault(r.config_id, []).append(r)
+        mx, my, me = [], [], []
+        for rs in by_cfg.values():
+            vals = [r.score("dev") for r in rs]
+            mx.append(pos(rs[0].hp[name]))
+            my.append(float(np.mean(vals)))
+            me.append(float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0)
+        ax.errorbar(mx, my, yerr=me, fmt="o", color="tab:blue", capsize=3, label="configuration mean ± std")
+        if numeric:
+            if kind in ("loguniform", "qloguniform") and min(xs) > 0 and max(xs) / min(xs) >= 10:
+                ax.set_xscale("log")  # a log axis only pays over a decade or more
+                ax.xaxis.set_minor_formatter(NullFormatter())
+            ax.tick_params(axis="x", labelrotation=30)
+        else:
+            ax.set_xticks(range(len(cats)), [format_value(c) for c in cats], rotation=30)
+            ax.set_xlim(-0.5, len(cats) - 0.5)
+        ax.set_xlabel(name + (f" ({kind})" if kind else ""))
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("best " + _dev_label(runs))
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(title or f"{runs[0].experiment}: dev score against each searched hyperparameter "
+                 f"({len({r.config_id for r in runs})} configurations, {len(runs)} runs)")
+    return _save(fig, Path(path))
+
+
+def load_study(results_dir: str | Path, experiment: str, search: str | None = None):
+    """The Optuna study of a search: ``results/<experiment>/optuna.db``, study ``search-<search id>``."""
+    import optuna
+
+    db = Path(results_dir) / experiment / "optuna.db"
+    if not db.is_file():
+        raise RaysentError(f"{db}: no Optuna study (the search used algorithm random/grid, or did not run)")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = f"sqlite:///{db}"
+    names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
+    if search is None:
+        state = Path(results_dir) / experiment / "state.json"
+        run = json.loads(state.read_text()).get("run") if state.is_file() else None
+        search = run if run and f"search-{run}" in names else (sorted(names)[-1].removeprefix("search-") if names
+                                                                 else None)
+    name = f"search-{search}"
+    if name not in names:
+        raise RaysentError(f"{db}: no study {name!r}; studies: {', '.join(names) or 'none'} (--search ID picks one)")
+    return optuna.load_study(study_name=name, storage=storage)
+
+
+def plot_optuna(study, kind: str, path: str | Path) -> Path:
+    """Optuna's matplotlib ``plot_param_importances`` (kind importance) or ``plot_parallel_coordinate``."""
+    import optuna
+    from optuna.visualization import matplotlib as ovm
+
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    if len(done) < 2:
+        raise RaysentError(f"study {study.study_name}: {len(done)} completed trial(s); Optuna's {kind} plot needs 2")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # ExperimentalWarning of optuna.visualization.matplotlib
+        if kind == "importance":
+            ax = ovm.plot_param_importances(study)
+        elif kind == "parallel":
+            ax = ovm.plot_parallel_coordinate(study)
+        else:
+            raise ValueError(kind)
+    ax = np.ravel(ax)[0] if isinstance(ax, np.ndarray) else ax
+    fig = ax.figure
+    fig.suptitle(f"{study.study_name} ({len(done)} trials; objective: mean dev Spearman over seeds)", fontsize=9)
+    fig.set_size_inches(max(fig.get_size_inches()[0], 8), max(fig.get_size_inches()[1], 5))
+    return _save(fig, Path(path))
+
+
+def plot_experiment(experiment: str, results_dir: str | Path = "results", kinds=PLOT_KINDS,
+                    search: str | None = None, out_dir: str | Path | None = None) -> tuple[list[Path], list[str]]:
+    """Every plot of ``kinds`` for an experiment; returns (written files, reasons a plot was skipped)."""
+    runs = load_experiment(experiment, results_dir)
+    if search is not None:
+        runs = [r for r in runs if r.search == search]
+        if not runs:
+            raise RaysentError(f"experiment {experiment!r}: no runs of search {search!r}")
+    out = Path(out_dir) if out_dir else Path(results_dir) / experiment / "plots"
+    written, skipped = [], []
+    for kind in kinds:
+        try:
+            if kind == "dev":
+                written.append(plot_dev_curves(runs, out / FILES[kind]))
+            elif kind == "hp":
+                written.append(plot_hyperparameters(runs, out / FILES[kind]))
+            else:
+                study = load_study(results_dir, experiment, search)
+                written.append(plot_optuna(study, kind, out / FILES[kind]))
+        except RaysentError as exc:
+            skipped.append(f"{kind}: {exc}")
+    return written, skipped
+
+
+def plot_layer_grid(result: dict, path: str | Path, title: str = "") -> Path:
+    """Heatmap of :func:`raysent.eval.layers.layer_grid`: layers as rows, poolings as columns."""
+    pools, layers = result["poolings"], result["layers"]
+    z = np.array([[np.nan if result["grid"][p][k] is None else result["grid"][p][k] for p in pools] for k in layers])
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(9.5, 0.45 * len(layers) + 2.2),
+                                  gridspec_kw={"width_ratios": [1, 1.4]}, layout="constrained")
+    im = ax.imshow(z, cmap="viridis", aspect="auto", origin="lower")
+    ax.set_xticks(range(len(pools)), pools)
+    ax.set_yticks(range(len(layers)), [f"{k}" + (" (emb)" if k == 0 else "") for k in layers])
+    ax.set_xlabel("pooling")
+    ax.set_ylabel("layer")
+    for i in range(len(layers)):
+        for j in range(len(pools)):
+            ax.text(j, i, "n/a" if np.isnan(z[i, j]) else f"{z[i, j]:.1f}", ha="center", va="center", fontsize=8,
+                    color="white" if z[i, j] < np.nanmean(z) else "black")
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="Spearman ×100")
+    for j, p in enumerate(pools):
+        ax2.plot(layers, z[:, j], marker="o", label=p)
+    ax2.set_xlabel("layer (0 = embeddings)")
+    ax2.set_ylabel("Spearman ×100")
+    ax2.set_xticks(layers)
+    ax2.grid(alpha=0.3)
+    ax2.legend()
+    sets = ", ".join(f"{s} ({n} pairs)" for s, n in result["n_pairs"].items())
+    fig.suptitle(title or f"{Path(result['model']).name}: Spearman ×100 per layer and pooling on {sets}", fontsize=10)
+    return _save(fig, Path(path))

@@ -1,0 +1,336 @@
+"""Run files: ``results/<experiment>/runs/*.json``, one per finished (configuration, seed).
+
+What a run file holds (written by ``raysent tune``; see README "Tune"): ``experiment``, ``phase``
+(``search`` | ``final``), ``search`` (the search's run id), ``config_id``, ``hp`` (the searched
+values), ``seed``, ``method``, ``model``, ``hyperparameters`` (every hyperparameter under its
+raysent name), ``transductive``, ``best_dev_spearman``, ``dev_curve`` ([{step, dev_spearman}]),
+``config`` (the resolved experiment) and, in the final phase, ``scores`` (``sts/sts12``,
+``sts/sts12/pearson``, ..., ``sts/avg``: the headline aggregation) with ``eval.details.sts.tasks``
+holding every aggregation (``spearman_all``, ``spearman_mean``, ``spearman_wmean``, ``pearson_*``).
+
+This module reads them, picks the number a table asks for (task × aggregation × correlation) and
+resolves what a user names on the command line (an experiment, a config_id, a glob of files).
+Imports no Ray and no MLflow.
+"""
+
+from __future__ import annotations
+
+import glob as globlib
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from raysent.errors import RaysentError, did_you_mean
+
+TASKS = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")  # the papers' column order
+TASK_LABELS = {"sts12": "STS12", "sts13": "STS13", "sts14": "STS14", "sts15": "STS15", "sts16": "STS16",
+               "stsb": "STS-B", "sickr": "SICK-R", "avg": "Avg", "dev": "Dev"}
+AGGREGATIONS = ("all", "mean", "wmean")
+CORRELATIONS = ("spearman", "pearson")
+PHASES = ("final", "search")
+
+# run-file keys that say nothing about the configuration (never offered for --group-by)
+_VOLATILE = {"best_model_dir", "train_seconds", "sentences_per_second", "wall_seconds", "finished_at",
+             "mlflow_run_id", "trial_id", "final_step", "best_step", "best_dev_spearman", "workers",
+             "train.output_dir", "output_dir"}
+
+
+def _hashable(v: Any) -> Any:
+    if isinstance(v, list):
+        return tuple(_hashable(x) for x in v)
+    if isinstance(v, dict):
+        return tuple(sorted((k, _hashable(x)) for k, x in v.items()))
+    return v
+
+
+def _flatten(prefix: str, obj: Any, out: dict) -> None:
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            _flatten(f"{prefix}.{k}" if prefix else str(k), v, out)
+    else:
+        out[prefix] = _hashable(obj)
+
+
+def _finite(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return float(v) if math.isfinite(v) else None
+
+
+@dataclass
+class Run:
+    """One run file."""
+
+    path: Path
+    data: dict
+    _fields: dict | None = field(default=None, repr=False)
+
+    # ------------------------------------------------------------------ identity
+    @property
+    def experiment(self) -> str:
+        return str(self.data.get("experiment") or self.path.parent.parent.name)
+
+    @property
+    def phase(self) -> str:
+        return str(self.data.get("phase", ""))
+
+    @property
+    def search(self) -> str:
+        return str(self.data.get("search", ""))
+
+    @property
+    def config_id(self) -> str:
+        return str(self.data.get("config_id", ""))
+
+    @property
+    def seed(self) -> int | None:
+        s = self.data.get("seed")
+        return int(s) if isinstance(s, (int, float)) and not isinstance(s, bool) else None
+
+    @property
+    def method(self) -> str:
+        return str(self.data.get("method", ""))
+
+    @property
+    def model(self) -> str:
+        return str(self.data.get("model", ""))
+
+    @property
+    def hp(self) -> dict:
+        return dict(self.data.get("hp") or {})
+
+    @property
+    def transductive(self) -> bool:
+        return bool(self.data.get("transductive"))
+
+    @property
+    def unit(self) -> tuple[str, str, str, str]:
+        """(experiment, phase, search, config_id): the seeds of one configuration."""
+        return (self.experiment, self.phase, self.search, self.config_id)
+
+    @property
+    def config(self) -> dict:
+        return self.data.get("config") or {}
+
+    def expected_seeds(self) -> list[int] | None:
+        """The seeds this run's configuration was meant to run on (None: not derivable from the file).
+
+        Final phase: ``config.seeds``. Search phase: the first ``search.seeds`` of ``config.seeds``
+        (raysent.tune.search.search_seed; beyond that list the seeds depend on the base train.seed,
+        which a search run file no longer holds).
+        """
+        seeds = self.config.get("seeds")
+        if not isinstance(seeds, list):
+            return None
+        if self.phase == "final":
+            return [int(s) for s in seeds]
+        if self.phase == "search":
+            n = (self.config.get("search") or {}).get("seeds")
+            if isinstance(n, int) and n <= len(seeds):
+                return [int(s) for s in seeds[:n]]
+        return None
+
+    # ------------------------------------------------------------------ fields
+    def fields(self) -> dict[str, Any]:
+        """Every named value of the run, for --group-by: run keys, hyperparameters, hp, dotted config paths."""
+        if self._fields is None:
+            out: dict[str, Any] = {}
+            _flatten("", self.config, out)  # dotted: train.lr, params.temperature, data.train, ...
+            for k, v in self.data.items():
+                if k not in ("config", "hyperparameters", "hp", "scores", "eval", "dev_curve", "initial_dev") \
+                        and not isinstance(v, dict):
+                    out[k] = _hashable(v)
+            for k, v in (self.data.get("hyperparameters") or {}).items():
+                out[k] = _hashable(v)
+            for k, v in self.hp.items():
+                out[k] = _hashable(v)
+            self._fields = {k: v for k, v in out.items() if k not in _VOLATILE
+                            and not k.startswith(("search.space.", "tracking."))}
+        return self._fields
+
+    # ------------------------------------------------------------------ scores
+    def _sts_details(self) -> dict:
+        return (((self.data.get("eval") or {}).get("details") or {}).get("sts") or {})
+
+    def headline_aggregation(self) -> str:
+        agg = self._sts_details().get("aggregation") or (self.config.get("eval") or {}).get("aggregation")
+        return str(agg or "all")
+
+    def has_test_scores(self) -> bool:
+        return any(k.startswith("sts/") for k in (self.data.get("scores") or {}))
+
+    def available_aggregations(self) -> list[str]:
+        """The STS12-16 aggregations this file holds numbers for."""
+        tasks = self._sts_details().get("tasks") or {}
+        have = [a for a in AGGREGATIONS if tasks and all(f"spearman_{a}" in r and f"pearson_{a}" in r
+                                                         for r in tasks.values())]
+        return have or [self.headline_aggregation()]
+
+    def score(self, task: str, aggregation: str = "all", correlation: str = "spearman") -> float | None:
+        """One test number ×100 (None: this run has no such score).
+
+        ``task`` is one of :data:`TASKS`, ``avg`` (the mean of the seven, only when all seven are
+        there) or ``dev`` (the best STS-B dev score the run selected its checkpoint on).
+        """
+        if task == "dev":
+            return _finite(self.data.get("best_dev_spearman"))
+        if task == "avg":
+            vals = [self.score(t, aggregation, correlation) for t in TASKS]
+            return None if any(v is None for v in vals) else sum(vals) / len(vals)
+        details = (self._sts_details().get("tasks") or {}).get(task)
+        if isinstance(details, dict) and f"{correlation}_{aggregation}" in details:
+            return _finite(details[f"{correlation}_{aggregation}"])
+        scores = self.data.get("scores") or {}
+        key = f"sts/{task}" + ("/pearson" if correlation == "pearson" else "")
+        if key in scores and (aggregation == self.headline_aggregation() or task in ("stsb", "sickr")):
+            return _finite(scores[key])
+        return None
+
+    def dev_curve(self) -> list[tuple[int, float]]:
+        out = []
+        for point in self.data.get("dev_curve") or []:
+            step, val = point.get("step"), _finite(point.get("dev_spearman"))
+            if isinstance(step, (int, float)) and val is not None:
+                out.append((int(step), val))
+        return out
+
+
+# --------------------------------------------------------------------------- loading
+def read_run(path: str | Path) -> Run:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise RaysentError(f"{path}: run file not found") from None
+    except json.JSONDecodeError as exc:
+        raise RaysentError(f"{path}: not a valid run file (JSON error at line {exc.lineno}: {exc.msg})") from None
+    if not isinstance(data, dict):
+        raise RaysentError(f"{path}: not a run file (expected a JSON object, found {type(data).__name__})")
+    missing = [k for k in ("phase", "config_id", "seed") if k not in data]
+    if missing:
+        raise RaysentError(f"{path}: not a raysent run file: missing field(s) {', '.join(missing)} "
+                           "(expected the keys raysent tune writes: experiment, phase, search, config_id, hp, seed, "
+                           "method, model, scores, dev_curve, config)")
+    if data["phase"] not in PHASES:
+        raise RaysentError(f"{path}: field 'phase' is {data['phase']!r}; allowed: {', '.join(PHASES)}")
+    return Run(path, data)
+
+
+def experiments(results_dir: str | Path) -> list[str]:
+    """The experiments under ``results_dir`` that have run files."""
+    root = Path(results_dir)
+    return sorted(p.parent.name for p in root.glob("*/runs") if p.is_dir() and any(p.glob("*.json")))
+
+
+def load_experiment(name: str, results_dir: str | Path, phase: str | None = None) -> list[Run]:
+    """Every run file of ``results_dir/name/runs`` (of one phase when given)."""
+    root = Path(results_dir)
+    folder = root / name / "runs"
+    if not folder.is_dir():
+        have = experiments(root)
+        raise RaysentError(f"experiment {name!r}: no folder {folder}{did_you_mean(name, have)}; experiments with run "
+                           f"files under {root}: {', '.join(have) or 'none'}")
+    runs = [read_run(p) for p in sorted(folder.glob("*.json"))]
+    if not runs:
+        raise RaysentError(f"experiment {name!r}: {folder} holds no run files (*.json)")
+    if phase is not None:
+        check_choice(phase, PHASES, "--phase")
+        kept = [r for r in runs if r.phase == phase]
+        if not kept:
+            present = sorted({r.phase for r in runs})
+            raise RaysentError(f"experiment {name!r}: no {phase}-phase runs in {folder} (phases present: "
+                               f"{', '.join(present)}); use --phase {present[0]}")
+        runs = kept
+    return runs
+
+
+def check_choice(value: str, allowed, option: str) -> str:
+    if value not in allowed:
+        raise RaysentError(f"{option} {value!r}: unknown{did_you_mean(value, allowed)}; allowed: {', '.join(allowed)}")
+    return value
+
+
+def resolve(spec: str, results_dir: str | Path, phase: str | None = "final") -> list[Run]:
+    """The runs a user names: an experiment, ``EXPERIMENT:CONFIG_ID``, a config_id, or a glob of run files.
+
+    For an experiment or a config_id only runs of ``phase`` are kept (None: any phase). A glob is
+    taken as given (every file it matches, whatever the phase).
+    """
+    root = Path(results_dir)
+    if any(ch in spec for ch in "*?[") or spec.endswith(".json"):
+        files = sorted(globlib.glob(spec))
+        if not files:
+            raise RaysentError(f"{spec!r}: no run file matches this glob")
+        return [read_run(p) for p in files]
+    if ":" in spec:
+        exp, _, cid = spec.partition(":")
+        runs = [r for r in load_experiment(exp, root) if r.config_id == cid and (phase is None or r.phase == phase)]
+        if not runs:
+            have = sorted({f"{r.config_id} ({r.phase})" for r in load_experiment(exp, root)})
+            raise RaysentError(f"{spec!r}: experiment {exp!r} has no {phase + '-phase ' if phase else ''}runs of "
+                               f"config_id {cid!r}; it has {', '.join(have)} (--phase picks the phase)")
+        return runs
+    if (root / spec / "runs").is_dir():
+        return load_experiment(spec, root, phase)
+    matches: list[Run] = []
+    for exp in experiments(root):
+        matches += [r for r in load_experiment(exp, root) if r.config_id == spec]
+    if not matches:
+        have = experiments(root)
+        raise RaysentError(f"{spec!r} is neither an experiment under {root} ({', '.join(have) or 'none'}), nor a "
+                           "config_id of their run files, nor a glob of run files (e.g. "
+                           "'results/quick/runs/final-*.json')")
+    in_phase = [r for r in matches if phase is None or r.phase == phase]
+    if not in_phase:
+        present = sorted({r.phase for r in matches})
+        raise RaysentError(f"config_id {spec!r} has no {phase}-phase runs (phases present: {', '.join(present)}); "
+                           f"use --phase {present[0]}")
+    exps = sorted({r.experiment for r in in_phase})
+    if len(exps) > 1:
+        raise RaysentError(f"config_id {spec!r} is in several experiments ({', '.join(exps)}); name one as "
+                           f"EXPERIMENT:{spec}")
+    return in_phase
+
+
+def check_aggregation(runs: list[Run], aggregation: str) -> None:
+    """Refuse an aggregation a run file does not hold, saying which ones it does."""
+    check_choice(aggregation, AGGREGATIONS, "--aggregation")
+    for r in runs:
+        if r.has_test_scores() and aggregation not in r.available_aggregations():
+            have = r.available_aggregations()
+            raise RaysentError(
+                f"{r.path}: holds STS12-16 only in the aggregation(s) {', '.join(have)} (eval.details.sts.tasks has "
+                f"no spearman_{aggregation}/pearson_{aggregation}); use --aggregation {have[0]}")
+
+
+def available_fields(runs: list[Run]) -> list[str]:
+    names: set[str] = set()
+    for r in runs:
+        names.update(r.fields())
+    return sorted(names)
+
+
+def check_fields(runs: list[Run], names: list[str], option: str = "--group-by") -> None:
+    have = available_fields(runs)
+    for n in names:
+        if n not in have:
+            plain = [h for h in have if "." not in h]
+            raise RaysentError(
+                f"{option} {n!r}: not a field of these run files{did_you_mean(n, have)}; available: "
+                f"{', '.join(plain)}; or a dotted config path ({', '.join(h for h in have if '.' in h)})")
+
+
+def format_value(v: Any) -> str:
+    if isinstance(v, bool) or v is None:
+        return str(v)
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    if isinstance(v, tuple):
+        return "[" + ", ".join(format_value(x) for x in v) + "]"
+    return str(v)
+
+
+def short_model(name: str) -> str:
+    return name.rstrip("/").split("/")[-1]
