@@ -63,14 +63,3 @@ def ray_cluster():
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
 
-
-# Test files that start or join Ray: one worker process runs them all, so the session has one Ray
-# (pyproject's addopts run two processes with --dist loadgroup). Every other file stays whole on one
-# process too, so its module-scoped fixtures (trained models, embeddings) are built once.
-RAY_FILES = {"test_ray_train.py", "test_tune.py", "test_cluster_local.py"}
-
-
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        name = item.path.name
-        item.add_marker(pytest.mark.xdist_group("ray" if name in RAY_FILES else name))
