@@ -337,6 +337,26 @@ def cmd_compare(args) -> int:
 
 
 # --------------------------------------------------------------------------- methods / data
+def cmd_bench(args) -> int:
+    from raysent.bench import BenchOptions, format_markdown, run_bench, write_results
+
+    try:
+        import sentence_transformers  # noqa: F401
+    except ImportError:
+        raise RaysentError("raysent bench compares with sentence-transformers, which is not installed: "
+                           "pip install -e '.[bench]'") from None
+    opts = BenchOptions(model=args.model, batch_size=args.batch_size, max_length=args.max_length, steps=args.steps,
+                        warmup=args.warmup, parts=_split_list([args.parts]), methods=_split_list([args.methods]),
+                        overhead_steps=args.overhead_steps, eval_repeats=args.eval_repeats, cpus=args.cpus,
+                        threads=args.threads, output_dir=args.output_dir, peak_tflops=args.peak_tflops,
+                        grad_cache_rows=args.grad_cache_rows)
+    result = run_bench(opts, say=lambda m: print(m, file=sys.stderr, flush=True))
+    json_path, md_path = write_results(result, opts.output_dir)
+    print(format_markdown(result))
+    print(f"written: {json_path} and {md_path}")
+    return 0
+
+
 def cmd_methods(args) -> int:
     from raysent.methods import METHODS
 
@@ -576,6 +596,42 @@ def build_parser() -> argparse.ArgumentParser:
                        "(params), training defaults and seeds.")
     m.add_argument("--format", choices=["text", "json"], default="text")
     m.set_defaults(func=cmd_methods)
+
+    from raysent.bench import METHODS as BENCH_METHODS, PARTS as BENCH_PARTS, BenchOptions
+
+    bd = BenchOptions()
+    b = sub.add_parser("bench", help="measure training, evaluation and orchestration speed side by side with "
+                       "sentence-transformers; writes results/bench/<date>.{json,md}",
+                       description="Side-by-side speed measurements on one model, batch size and sequence length: "
+                       "training steps/s and peak memory of every method and of sentence-transformers' "
+                       "MultipleNegativesRankingLoss (training), each speedup on and off (speedups), the 7-set STS "
+                       "evaluation against sentence-transformers' EmbeddingSimilarityEvaluator with equal scores "
+                       "checked (evaluation), the same run bare, on one Ray Train worker and in a Ray Tune trial "
+                       "(overhead), and bf16 throughput and MFU on a GPU (gpu). Each training case runs in a fresh "
+                       "process. Needs sentence-transformers (pip install -e '.[bench]').",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    b.add_argument("--model", default=bd.model, help=f"encoder (default {bd.model})")
+    b.add_argument("--batch-size", type=int, default=bd.batch_size, help=f"training batch (default {bd.batch_size})")
+    b.add_argument("--max-length", type=int, default=bd.max_length,
+                   help=f"training sequence length (default {bd.max_length})")
+    b.add_argument("--steps", type=int, default=bd.steps, help=f"timed steps per case (default {bd.steps})")
+    b.add_argument("--warmup", type=int, default=bd.warmup, help=f"untimed steps first (default {bd.warmup})")
+    b.add_argument("--parts", default=",".join(BENCH_PARTS),
+                   help=f"comma-separated parts to run (default all: {','.join(BENCH_PARTS)})")
+    b.add_argument("--methods", default=",".join(BENCH_METHODS),
+                   help="comma-separated methods of the training part (default: every training method)")
+    b.add_argument("--overhead-steps", type=int, default=bd.overhead_steps,
+                   help=f"steps of the run the overhead part repeats three ways (default {bd.overhead_steps})")
+    b.add_argument("--eval-repeats", type=int, default=bd.eval_repeats,
+                   help=f"runs of each evaluator, the fastest counts (default {bd.eval_repeats})")
+    b.add_argument("--grad-cache-rows", type=int, default=None,
+                   help="chunk rows of the gradient-caching case (default: a quarter of the batch)")
+    b.add_argument("--cpus", type=float, default=bd.cpus, help=f"CPUs a Ray trial may use (default {bd.cpus:g})")
+    b.add_argument("--threads", type=int, default=None, help="torch threads of each training case (default torch's)")
+    b.add_argument("--peak-tflops", type=float, default=None,
+                   help="the GPU's dense bf16 peak for MFU (default: looked up by device name)")
+    b.add_argument("--output-dir", default=bd.output_dir, help=f"where the JSON and markdown go (default {bd.output_dir})")
+    b.set_defaults(func=cmd_bench)
 
     d = sub.add_parser("data", help="list the named data sets and where they are found",
                        description="Named data sets (local RAYSENT_DATA_DIR first, the Hugging Face hub second).")

@@ -85,7 +85,19 @@ class TrainConfig(Strict):
     precision: Literal["fp32", "bf16", "fp16"] = Field("fp32", description="bf16/fp16 autocast on GPU")
     gather_negatives: bool = Field(True, description="all-gather embeddings so every worker's loss sees "
                                    "the global batch as negatives (false: local negatives only)")
-    bucket_by_length: bool = Field(False, description="group sentences of similar length into batches")
+    bucket_by_length: bool = Field(False, description="group sentences of similar length into the same batches "
+                                   "(changes which sentences are each other's negatives, so off by default)")
+    # speedups that keep the loss and gradients of a step (raysent.models.chunked, tests/test_speedups.py)
+    length_buckets: int = Field(4, ge=1, description="run each batch through the encoder in up to N length "
+                                "buckets, each padded to its own longest row (same loss and gradients, less "
+                                "padding; 1: off)")
+    concat_views: bool = Field(True, description="encode all views / fields of a batch in one concatenated "
+                               "forward (false: one forward each)")
+    cache_views: bool = Field(True, description="sg/sg-opt: compute BERT_F's layer views once per sentence "
+                              "before training and look them up (BERT_F never changes)")
+    grad_cache_rows: int | None = Field(None, gt=0, description="gradient caching (GradCache): encode the batch "
+                                        "in chunks of N rows, so a contrastive batch larger than memory gives "
+                                        "the loss and gradients of the whole batch (null: off)")
     log_every: int = Field(10, gt=0)
     output_dir: str | None = Field(None, description="default: results/<name>/train/<method>-seed<seed>")
 
@@ -441,6 +453,9 @@ def _cross_checks(cfg: ExperimentConfig, method_cls, source: str, root, check_se
             validate_spec(cfg.data.sup)
         except RaysentError as exc:
             fail(("data", "sup"), str(exc))
+    if cfg.train.grad_cache_rows and not method_cls.supports_grad_cache:
+        fail(("train", "grad_cache_rows"), f"got {cfg.train.grad_cache_rows}: method {cfg.method} does not support "
+             "gradient caching (its augmentations act inside the encoder, row by row); allowed: null")
     if cfg.resources.workers and cfg.train.batch_size % cfg.resources.workers:
         fail(("train", "batch_size"), f"got {cfg.train.batch_size}: the global batch must split evenly over "
              f"resources.workers={cfg.resources.workers}")

@@ -20,38 +20,45 @@ from conftest import RAW_BERT, run_cli
 
 pytestmark = pytest.mark.slow
 
-# (method, data, params): dropout off everywhere so that both sides see the same views
+# (method, data, params, train): dropout off everywhere so that both sides see the same views; the last
+# case trains through a gradient cache (no DDP: the workers average their gradients themselves), and is
+# compared with the plain one-worker step on the whole global batch
 CASES = [
-    ("simcse-unsup", "sts-unlabeled", {"pooling": "cls_mlp_train"}),
-    ("simcse-sup", "nli-triplets", {"hard_negative_weight": 0.5}),
-    ("sg-opt", "sts-unlabeled", {"loss": "opt3"}),
+    ("simcse-unsup", "sts-unlabeled", {"pooling": "cls_mlp_train"}, {}),
+    ("simcse-sup", "nli-triplets", {"hard_negative_weight": 0.5}, {}),
+    ("sg-opt", "sts-unlabeled", {"loss": "opt3"}, {}),
+    ("simcse-unsup", "sts-unlabeled", {"pooling": "cls_mlp_train"}, {"grad_cache_rows": 3}),
 ]
 GLOBAL_ROWS = 8
 
 
-def case_config(method: str, data: str, params: dict, gather: bool = True):
+def case_config(method: str, data: str, params: dict, gather: bool = True, train: dict | None = None):
     return parse_config({
         "name": "equiv", "method": method, "model": {"name": RAW_BERT, "dropout": 0.0}, "params": params,
         "data": {"train": data, "max_train_samples": 64},
-        "train": {"batch_size": GLOBAL_ROWS, "max_length": 24, "gather_negatives": gather},
+        "train": {"batch_size": GLOBAL_ROWS, "max_length": 24, "gather_negatives": gather, **(train or {})},
     })
 
 
 def one_step(cfg, rank: int = 0, world: int = 1, hooks=None) -> tuple[float, dict]:
-    """Loss and gradients of one step on rows 0..GLOBAL_ROWS-1 (this worker's share of them)."""
+    """Loss and gradients of one step on rows 0..GLOBAL_ROWS-1 (this worker's share of them), through
+    the loop's forward and backward (and its gradient cache when the config asks for one)."""
+    from raysent.train.loop import forward_backward
     from raysent.train.run import build_method, prepare_data
 
     torch.manual_seed(0)  # same heads on every side (DDP also broadcasts rank 0's weights)
     method = build_method(cfg)
     data, _, _ = prepare_data(cfg, method)
     model = method
+    cache = cfg.train.grad_cache_rows
     if hooks is not None:
         method.set_gatherer(hooks.gatherer())
-        model = hooks.wrap(method)
+        model = hooks.wrap(method, ddp=not cache)
     model.train()
     batch = data.collate(local_part(np.arange(GLOBAL_ROWS), rank, world))
-    loss = model(batch).loss
-    loss.backward()
+    loss = forward_backward(model, method, batch, grad_cache=cache)
+    if hooks is not None and cache:
+        hooks.sync_gradients(method)
     grads = {n: p.grad.detach().clone() for n, p in method.named_parameters() if p.grad is not None}
     return float(loss.detach()), grads
 
@@ -65,11 +72,11 @@ def _worker(config: dict) -> None:
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     out = {}
-    for method, data, params in CASES:
+    for method, data, params, train in CASES:
         for gather in (True, False):
-            cfg = case_config(method, data, params, gather)
+            cfg = case_config(method, data, params, gather, train)
             loss, grads = one_step(cfg, rank, world, RayHooks(cfg))
-            out[(method, gather)] = (loss, grads if rank == 0 else None)
+            out[(method, gather, str(train))] = (loss, grads if rank == 0 else None)
     torch.save(out, os.path.join(config["dir"], f"rank{rank}.pt"))
 
 
@@ -83,21 +90,23 @@ def test_two_workers_equal_one_worker_on_the_global_batch(ray_cluster, tmp_path)
                  scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5}),
                  run_config=RunConfig(name="equiv", storage_path=str(tmp_path / "ray"))).fit()
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
-    for method, data, params in CASES:
+    for method, data, params, train in CASES:
+        key = str(train)
+        label = f"{method} {train or ''}"
         # global negatives: mean of the two workers' losses and DDP's averaged gradients equal the
         # one-worker step over all GLOBAL_ROWS rows
         ref_loss, ref_grads = one_step(case_config(method, data, params))
-        loss = np.mean([ranks[r][(method, True)][0] for r in range(2)])
-        assert loss == pytest.approx(ref_loss, abs=1e-5), method
-        _assert_grads_equal(ranks[0][(method, True)][1], ref_grads, method)
+        loss = np.mean([ranks[r][(method, True, key)][0] for r in range(2)])
+        assert loss == pytest.approx(ref_loss, abs=1e-5), label
+        _assert_grads_equal(ranks[0][(method, True, key)][1], ref_grads, label)
         # local negatives: the mean of each half computed on its own
         cfg = case_config(method, data, params, gather=False)
         halves = [one_step(cfg, r, 2) for r in range(2)]
-        loss = np.mean([ranks[r][(method, False)][0] for r in range(2)])
-        assert loss == pytest.approx(np.mean([h[0] for h in halves]), abs=1e-5), method
-        assert abs(loss - ref_loss) > 1e-3, f"{method}: local and global negatives must differ"
+        loss = np.mean([ranks[r][(method, False, key)][0] for r in range(2)])
+        assert loss == pytest.approx(np.mean([h[0] for h in halves]), abs=1e-5), label
+        assert abs(loss - ref_loss) > 1e-3, f"{label}: local and global negatives must differ"
         local_ref = {n: (halves[0][1][n] + halves[1][1][n]) / 2 for n in halves[0][1]}
-        _assert_grads_equal(ranks[0][(method, False)][1], local_ref, method)
+        _assert_grads_equal(ranks[0][(method, False, key)][1], local_ref, label)
 
 
 def _assert_grads_equal(got: dict, want: dict, label: str) -> None:

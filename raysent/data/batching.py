@@ -48,9 +48,11 @@ class TokenizedData:
         return {"input_ids": ids, "attention_mask": mask}
 
     def collate(self, indices) -> dict:
-        """{field: {input_ids, attention_mask}} padded to the batch's longest, plus extras as tensors."""
+        """{field: {input_ids, attention_mask}} padded to the batch's longest, extras as tensors, and
+        ``index``: the examples' positions in the data (what a per-sentence cache is keyed by)."""
         idx = [int(i) for i in indices]
         batch: dict[str, Any] = {k: self.pad([v[i] for i in idx]) for k, v in self.ids.items()}
+        batch["index"] = torch.as_tensor(idx, dtype=torch.long)
         for k, arr in self.extras.items():
             batch[k] = torch.as_tensor(arr[idx])
         return batch

@@ -51,6 +51,17 @@ class Gatherer:
 
 
 @dataclass
+class Speedups:
+    """How a method computes, not what: switches that keep the loss and gradients unchanged.
+
+    Set by the training loop from ``train`` (raysent.config.TrainConfig); tests compare each on and off.
+    """
+
+    concat_views: bool = True  # every view / field of a batch in one concatenated forward
+    cache_views: bool = True  # SG: BERT_F's views computed once per sentence (raysent.methods.sg)
+
+
+@dataclass
 class LossOutput:
     loss: torch.Tensor
     metrics: dict[str, float] = field(default_factory=dict)
@@ -112,12 +123,16 @@ class Method(nn.Module):
     train_defaults: ClassVar[dict[str, Any]] = {}
     eval_defaults: ClassVar[dict[str, Any]] = {}
     trains: ClassVar[bool] = True  # False for the no-tuning baseline
+    # gradient caching (raysent.models.chunked.GradCache) needs every encoder call of a step to be a plain
+    # function of the token ids; a method that acts inside the encoder per row (ConSERT) says False
+    supports_grad_cache: ClassVar[bool] = True
 
     def __init__(self, encoder: Encoder, params: MethodParams):
         super().__init__()
         self.encoder = encoder
         self.params = params
         self.gatherer: Gatherer = Gatherer()
+        self.speedups = Speedups()
         pooling = getattr(params, "pooling", None)
         self.mlp = MLPHead(encoder.hidden_size) if pooling and uses_mlp(pooling, training=True) else None
 
@@ -150,6 +165,23 @@ class Method(nn.Module):
 
     def set_gatherer(self, gatherer: Gatherer) -> None:
         self.gatherer = gatherer
+
+    def prepare(self, data, device: torch.device, log=None) -> None:
+        """Precompute what the method can once for the whole training data (SG: BERT_F's views)."""
+
+    def encode_parts(self, toks: list[dict], pool_fn=None) -> list[torch.Tensor]:
+        """Training embeddings of several tokenized batches (views, or the fields of a triplet).
+
+        One concatenated forward (``speedups.concat_views``, the default) or one forward each: the
+        same vectors either way (dropout aside). ``pool_fn(hidden_states, mask)`` defaults to the
+        method's training pooling.
+        """
+        pool_fn = pool_fn or self.pool_train
+        if self.speedups.concat_views and len(toks) > 1:
+            tok = concat_batches(*toks)
+            z = pool_fn(self.encoder(**tok), tok["attention_mask"])
+            return list(z.split([t["input_ids"].shape[0] for t in toks]))
+        return [pool_fn(self.encoder(**t), t["attention_mask"]) for t in toks]
 
     # ------------------------------------------------------------ encoding
     def pool_train(self, hidden_states, attention_mask, pooling: str | None = None) -> torch.Tensor:

@@ -95,6 +95,7 @@ class ConSERT(Method):
     Params = ConSERTParams
     variants = {"supervision": ("unsup", "joint", "sup-unsup", "joint-unsup"), "augmentations": AUGMENTATIONS}
     model_defaults = {"dropout": 0.0}
+    supports_grad_cache = False  # the augmentations act on the embedding layer's output, row by row
 
     @classmethod
     def defaults(cls, params: ConSERTParams) -> dict[str, dict]:
@@ -150,8 +151,9 @@ class ConSERT(Method):
             plain = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
             is_shuffle = torch.tensor([v == "shuffle" for v in row_views], device=mask.device)[:, None]
             position_ids = torch.where(is_shuffle, shuffled, plain)
-        with embedding_views(self.encoder.embeddings, row_views, mask, self.params.rates(), noise=noise,
-                             capture=capture):
+        # the views act per row inside the encoder: one piece, no length buckets
+        with self.encoder.whole_batch(), embedding_views(self.encoder.embeddings, row_views, mask,
+                                                         self.params.rates(), noise=noise, capture=capture):
             hs = self.encoder(tok["input_ids"], mask, position_ids=position_ids)
         return self.pool_train(hs, mask)
 

@@ -26,7 +26,7 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from raysent.methods.base import LossOutput, Method, MethodParams, batch_views, concat_batches
+from raysent.methods.base import LossOutput, Method, MethodParams
 from raysent.methods.simcse_sup import hard_negative_loss
 from raysent.methods.simcse_unsup import info_nce
 from raysent.models.heads import LayerAttentionPooler
@@ -91,11 +91,11 @@ class LayerAtt(Method):
         if self.params.objective == "eq7":
             tok = batch["text"]
             n = tok["input_ids"].shape[0]
-            h = self.pooled(batch_views(tok, 2))
-            return LossOutput(info_nce(h[:n], h[n:], tau, gather=g, offset=g.offset(n)))
+            h1, h2 = self.encode_parts([tok, tok], self.pooler)
+            return LossOutput(info_nce(h1, h2, tau, gather=g, offset=g.offset(n)))
         n = batch["sent0"]["input_ids"].shape[0]
         if self.params.objective == "eq6":
-            h = self.pooled(concat_batches(batch["sent0"], batch["sent1"]))
-            return LossOutput(info_nce(h[:n], h[n:], tau, gather=g, offset=g.offset(n)))
-        h = self.pooled(concat_batches(batch["sent0"], batch["sent1"], batch["hard_neg"]))
-        return LossOutput(hard_negative_loss(h[:n], h[n:2 * n], h[2 * n:], tau, gather=g, offset=g.offset(n)))
+            h1, h2 = self.encode_parts([batch["sent0"], batch["sent1"]], self.pooler)
+            return LossOutput(info_nce(h1, h2, tau, gather=g, offset=g.offset(n)))
+        h1, h2, h3 = self.encode_parts([batch["sent0"], batch["sent1"], batch["hard_neg"]], self.pooler)
+        return LossOutput(hard_negative_loss(h1, h2, h3, tau, gather=g, offset=g.offset(n)))

@@ -19,7 +19,7 @@ import torch
 from pydantic import Field, field_validator
 from torch.nn import functional as F
 
-from raysent.methods.base import LossOutput, Method, concat_batches
+from raysent.methods.base import LossOutput, Method
 from raysent.methods.simcse_unsup import PoolingParams
 from raysent.models.heads import PairClassifier
 
@@ -70,10 +70,8 @@ class SBERTNLI(Method):
 
     def encode_pairs(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """(u, v): premises and hypotheses pooled, in one forward pass."""
-        n = batch["premise"]["input_ids"].shape[0]
-        tok = concat_batches(batch["premise"], batch["hypothesis"])
-        z = self.pool_train(self.encoder(**tok), tok["attention_mask"])
-        return z[:n], z[n:]
+        u, v = self.encode_parts([batch["premise"], batch["hypothesis"]])
+        return u, v
 
     def forward(self, batch: dict) -> LossOutput:
         u, v = self.encode_pairs(batch)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from raysent.methods.base import LossOutput, Method, concat_batches, cosine_matrix
+from raysent.methods.base import LossOutput, Method, cosine_matrix
 from raysent.methods.simcse_unsup import PoolingParams, info_nce
 
 
@@ -64,9 +64,7 @@ class SimCSESup(Method):
 
     def forward(self, batch: dict) -> LossOutput:
         n = batch["sent0"]["input_ids"].shape[0]
-        tok = concat_batches(batch["sent0"], batch["sent1"], batch["hard_neg"])  # one forward of 3N rows
-        z = self.pool_train(self.encoder(**tok), tok["attention_mask"])
-        z1, z2, z3 = z[:n], z[n:2 * n], z[2 * n:]
+        z1, z2, z3 = self.encode_parts([batch["sent0"], batch["sent1"], batch["hard_neg"]])  # one forward of 3N rows
         g = self.gatherer
         loss = hard_negative_loss(z1, z2, z3, self.params.temperature, self.params.hard_negative_weight,
                                   gather=g, offset=g.offset(n))

@@ -29,7 +29,7 @@ import torch
 from pydantic import Field, field_validator
 from torch.nn import functional as F
 
-from raysent.methods.base import LossOutput, Method, MethodParams, batch_views, cosine_matrix
+from raysent.methods.base import LossOutput, Method, MethodParams, cosine_matrix
 from raysent.models.pooling import describe_allowed, is_valid_pooling
 
 
@@ -83,9 +83,7 @@ class SimCSEUnsup(Method):
     def forward(self, batch: dict) -> LossOutput:
         tok = batch["text"]
         n = tok["input_ids"].shape[0]
-        hs = self.encoder(**batch_views(tok, 2))  # one forward, two dropout masks
-        z = self.pool_train(hs, torch.cat([tok["attention_mask"]] * 2))
-        z1, z2 = z[:n], z[n:]
+        z1, z2 = self.encode_parts([tok, tok])  # two dropout masks (one concatenated forward by default)
         g = self.gatherer
         loss = info_nce(z1, z2, self.params.temperature, gather=g, offset=g.offset(n))
         return LossOutput(loss)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +29,7 @@ import torch
 from torch import nn
 
 from raysent.errors import ModelError
+from raysent.models.chunked import GradCache, hidden_states
 from raysent.models.pooling import inference_pooling, pool, uses_mlp
 
 log = logging.getLogger(__name__)
@@ -108,6 +110,9 @@ class Encoder(nn.Module):
         self.source = source
         self.has_trained_pooler = has_trained_pooler
         self.meta = meta
+        # training speedups that keep results identical (raysent.models.chunked); set by the training loop
+        self.length_buckets = 1
+        self._grad_cache: GradCache | None = None
 
     # ----------------------------------------------------------------- loading
     @classmethod
@@ -209,15 +214,39 @@ class Encoder(nn.Module):
         token_type_ids: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, ...]:
-        """All hidden states: a tuple of L+1 tensors [B, T, d], index 0 the embedding layer."""
-        kwargs = {"input_ids": input_ids, "attention_mask": attention_mask, "output_hidden_states": True,
-                  "return_dict": True}
+        """All hidden states: a tuple of L+1 tensors [B, T, d], index 0 the embedding layer.
+
+        In training, in ``length_buckets`` buckets and through an active gradient cache (see
+        :mod:`raysent.models.chunked`); the states at padded positions are then zeros.
+        """
+        inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
         if token_type_ids is not None:
-            kwargs["token_type_ids"] = token_type_ids
+            inputs["token_type_ids"] = token_type_ids
         if position_ids is not None:
-            kwargs["position_ids"] = position_ids
-        out = self.model(**kwargs)
-        return tuple(out.hidden_states)
+            inputs["position_ids"] = position_ids
+        if self._grad_cache is not None and torch.is_grad_enabled():
+            return self._grad_cache.forward(self.model, inputs)
+        return hidden_states(self.model, inputs, self.length_buckets if self.training else 1)
+
+    @contextmanager
+    def whole_batch(self):
+        """Encoder calls in the block run the batch in one piece (hooks that act per row need it)."""
+        if self._grad_cache is not None:
+            raise ModelError("gradient caching (train.grad_cache_rows) cannot split this method's encoder calls")
+        buckets, self.length_buckets = self.length_buckets, 1
+        try:
+            yield
+        finally:
+            self.length_buckets = buckets
+
+    @contextmanager
+    def grad_cache(self, rows: int):
+        """Gradient caching over the encoder calls inside the block (see :class:`GradCache`)."""
+        self._grad_cache = GradCache(rows, buckets=self.length_buckets)
+        try:
+            yield self._grad_cache
+        finally:
+            self._grad_cache = None
 
     def embed(self, batch: dict, pooling: str, mlp: nn.Module | None = None) -> torch.Tensor:
         """Inference embeddings for one tokenized batch with a pooling (see models.pooling)."""

@@ -37,6 +37,7 @@ from raysent.data.batching import GlobalBatches, TokenizedData, local_part
 from raysent.errors import RaysentError
 from raysent.eval.sts import evaluate_dev
 from raysent.methods import Gatherer, Method
+from raysent.methods.base import Speedups
 from raysent.models.embedder import Embedder
 
 log = logging.getLogger("raysent.train")
@@ -66,8 +67,13 @@ class TrainHooks:
     def gatherer(self) -> Gatherer:
         return Gatherer()
 
-    def wrap(self, method: Method) -> torch.nn.Module:
+    def wrap(self, method: Method, ddp: bool = True) -> torch.nn.Module:
+        """The module the loop calls: DDP around the method on many workers (``ddp=False``: the method
+        itself, its gradients then averaged by :meth:`sync_gradients`)."""
         return method
+
+    def sync_gradients(self, method: Method) -> None:
+        """Average the gradients over the workers when DDP does not (gradient caching)."""
 
     def broadcast(self, obj: Any) -> Any:
         return obj
@@ -209,10 +215,8 @@ def run_training(cfg: ExperimentConfig, method: Method, data: TokenizedData, dev
     if not method.trains:
         total = 0
     optimizer, scheduler = build_optimizer(cfg, method, total) if method.trains else (None, None)
-    model = hooks.wrap(method)
-    use_amp = device.type == "cuda" and t.precision != "fp32"
-    amp_dtype = torch.bfloat16 if t.precision == "bf16" else torch.float16
-    scaler = torch.amp.GradScaler("cuda") if (use_amp and t.precision == "fp16") else None
+    stepper = Stepper(cfg, method, hooks, optimizer, scheduler)
+    model, scaler = stepper.model, stepper.scaler
     if t.precision != "fp32" and device.type != "cuda":
         hooks.log(f"NOTE: train.precision={t.precision} applies on GPU only; this run trains in fp32 on "
                   f"{device.type} (recorded in the result)")
@@ -299,6 +303,7 @@ def run_training(cfg: ExperimentConfig, method: Method, data: TokenizedData, dev
 
     hooks.log(f"training {method.name} on {len(data):,} examples: {total} steps of {t.batch_size} "
               f"({steps_per_epoch} per epoch) on {world} worker(s), device {device.type}")
+    prepared = (method.prepare(data, device, hooks.log) or {}) if total > state.step else {}
     model.train()
     if state.step == 0 and not state.dev_curve and (t.eval_at_start or total == 0):
         eval_step(None)
@@ -314,35 +319,14 @@ def run_training(cfg: ExperimentConfig, method: Method, data: TokenizedData, dev
                 fail_at_step = None
                 raise RuntimeError(f"injected failure at step {state.step} (test of recovery)")
             idx = local_part(epoch_batches[state.batch_in_epoch], hooks.rank, world)
-            batch = _to_device(data.collate(idx), device)
-            with torch.autocast(device.type, dtype=amp_dtype, enabled=use_amp):
-                out = model(batch)
-            loss = out.loss
-            if not torch.isfinite(loss.detach()):
-                raise NonFiniteLossError(
-                    f"the loss became {loss.item()} at step {state.step + 1} (lr {scheduler.get_last_lr()[0]:.2e}); "
-                    "the configuration diverges: lower the learning rate or raise the temperature")
-            optimizer.zero_grad(set_to_none=True)
-            if scaler is not None:
-                scaler.scale(loss).backward()
-                scaler.unscale_(optimizer)
-            else:
-                loss.backward()
-            if t.grad_clip is not None:
-                torch.nn.utils.clip_grad_norm_(method.trainable_parameters(), t.grad_clip)
-            if scaler is not None:
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                optimizer.step()
-            scheduler.step()
+            loss = stepper.step(data.collate(idx), state.step)
             state.step += 1
             state.batch_in_epoch += 1
             epoch_done = state.batch_in_epoch >= len(epoch_batches)
             if epoch_done:  # a checkpoint taken now resumes at the start of the next epoch
                 state.epoch += 1
                 state.batch_in_epoch = 0
-            loss_value = float(loss.detach())
+            loss_value = loss
             window_loss, window_n = window_loss + loss_value, window_n + 1
             log_loss, log_n = log_loss + loss_value, log_n + 1
             if state.step % t.log_every == 0:
@@ -379,7 +363,8 @@ def run_training(cfg: ExperimentConfig, method: Method, data: TokenizedData, dev
         "sentences_per_second": (state.step * t.batch_size / state.train_seconds) if state.train_seconds > 0 else None,
         "workers": world,
         "device": device.type,
-        "precision": t.precision if use_amp else "fp32",
+        "precision": t.precision if stepper.use_amp else "fp32",
+        "prepare": prepared,
         **(record or {}),
     }
     if hooks.rank == 0:
@@ -390,6 +375,73 @@ def run_training(cfg: ExperimentConfig, method: Method, data: TokenizedData, dev
     final.pop("step", None)
     hooks.finish({"step": state.step, **final}, summary)
     return summary
+
+
+class Stepper:
+    """One optimizer step of the loop, from a collated batch: forward and backward (through the length
+    buckets and gradient cache of ``train``), gradient clipping, AdamW, the schedule. ``raysent bench``
+    times exactly this."""
+
+    def __init__(self, cfg: ExperimentConfig, method: Method, hooks: TrainHooks, optimizer, scheduler):
+        t = cfg.train
+        self.method, self.hooks, self.optimizer, self.scheduler = method, hooks, optimizer, scheduler
+        self.grad_clip = t.grad_clip
+        self.device = hooks.device
+        # speedups that keep the loss and gradients (tests/test_speedups.py); grad caching runs several backward
+        # passes per step, which DDP cannot follow: the gradients are then averaged by hooks.sync_gradients
+        method.speedups = Speedups(concat_views=t.concat_views, cache_views=t.cache_views)
+        method.encoder.length_buckets = t.length_buckets
+        self.grad_cache = t.grad_cache_rows if method.trains else None
+        if self.grad_cache and not method.supports_grad_cache:
+            raise RaysentError(f"train.grad_cache_rows: method {method.name} does not support gradient caching")
+        self.model = hooks.wrap(method, ddp=not self.grad_cache)
+        self.use_amp = self.device.type == "cuda" and t.precision != "fp32"
+        self.amp_dtype = torch.bfloat16 if t.precision == "bf16" else torch.float16
+        self.scaler = torch.amp.GradScaler("cuda") if (self.use_amp and t.precision == "fp16") else None
+
+    def step(self, batch: dict, step: int) -> float:
+        """Train on one collated batch; returns its loss."""
+        batch = _to_device(batch, self.device)
+        opt, scaler = self.optimizer, self.scaler
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.use_amp):
+            loss = forward_backward(self.model, self.method, batch, scaler, self.grad_cache, step,
+                                    self.scheduler.get_last_lr()[0])
+        if self.grad_cache:
+            self.hooks.sync_gradients(self.method)
+        if scaler is not None:
+            scaler.unscale_(opt)
+        if self.grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(self.method.trainable_parameters(), self.grad_clip)
+        if scaler is not None:
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
+        self.scheduler.step()
+        return float(loss.detach())
+
+
+def forward_backward(model: torch.nn.Module, method: Method, batch: dict, scaler=None, grad_cache: int | None = None,
+                     step: int = 0, lr: float = 0.0) -> torch.Tensor:
+    """One batch's loss and its gradients (accumulated into ``.grad``); through a gradient cache of
+    ``grad_cache`` rows per chunk when given (raysent.models.chunked.GradCache)."""
+    def backward(loss: torch.Tensor) -> None:
+        if not torch.isfinite(loss.detach()):
+            raise NonFiniteLossError(
+                f"the loss became {loss.item()} at step {step + 1} (lr {lr:.2e}); "
+                "the configuration diverges: lower the learning rate or raise the temperature")
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+
+    if not grad_cache:
+        loss = model(batch).loss
+        backward(loss)
+        return loss
+    with method.encoder.grad_cache(grad_cache) as cache:
+        loss = model(batch).loss
+        backward(loss)  # the method's own parameters, and the gradients of the cached hidden states
+        cache.backward()  # into the encoder, chunk by chunk
+    return loss
 
 
 def _to_device(batch: dict, device: torch.device) -> dict:

@@ -75,8 +75,13 @@ class RayHooks(TrainHooks):
             return DistributedGatherer()
         return Gatherer()  # local negatives: this worker's rows and columns only
 
-    def wrap(self, method: Method) -> torch.nn.Module:
+    def wrap(self, method: Method, ddp: bool = True) -> torch.nn.Module:
         if not self.distributed:
+            return method
+        if not ddp:  # gradients averaged by sync_gradients; start from rank 0's weights, as DDP would
+            with torch.no_grad():
+                for p in method.parameters():
+                    dist.broadcast(p.data, src=0)
             return method
         from ray.train.torch import prepare_model
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -87,6 +92,14 @@ class RayHooks(TrainHooks):
         # unused parameters are normal here (e.g. BERT's pooler under cls_before_pooler pooling)
         return prepare_model(method, move_to_device=False,
                              parallel_strategy_kwargs={"find_unused_parameters": True})
+
+    def sync_gradients(self, method: Method) -> None:
+        if not self.distributed:
+            return
+        for p in method.trainable_parameters():
+            if p.grad is not None:
+                dist.all_reduce(p.grad)
+                p.grad.div_(self.world_size)
 
     def broadcast(self, obj: Any) -> Any:
         if not self.distributed:
