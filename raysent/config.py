@@ -95,6 +95,8 @@ class TrainConfig(Strict):
                                "forward (false: one forward each)")
     cache_views: bool = Field(True, description="sg/sg-opt: compute BERT_F's layer views once per sentence "
                               "before training and look them up (BERT_F never changes)")
+    fused_adamw: bool = Field(True, description="AdamW's fused implementation (one kernel for all parameters; "
+                              "the same update up to float rounding)")
     grad_cache_rows: int | None = Field(None, gt=0, description="gradient caching (GradCache): encode the batch "
                                         "in chunks of N rows, so a contrastive batch larger than memory gives "
                                         "the loss and gradients of the whole batch (null: off)")

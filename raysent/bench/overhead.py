@@ -14,6 +14,7 @@ The overhead of a way is its wall time over the bare run's, minus one.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import tempfile
@@ -44,16 +45,22 @@ def bench_overhead(raw_config: dict, steps: int, cpus: float, say=lambda m: None
 
         t0 = time.perf_counter()
         started_here = not ray.is_initialized()
-        init_ray(base)
+        if started_here and not (base.resources.address or os.environ.get("RAY_ADDRESS")):
+            # the worker gets the CPUs the bare loop had (Ray gives an actor floor(CPUs) torch threads), and the
+            # trial's own driver, idle while Train runs, 0.1 more: one logical CPU beyond the cores
+            ray.init(num_cpus=math.ceil(cpus) + 1, dashboard_host="127.0.0.1", log_to_driver=False)
+        else:
+            init_ray(base)
         out["ray_init_seconds"] = time.perf_counter() - t0 if started_here else None
 
-        # the worker gets the CPUs the bare loop had, so it runs as many torch threads
-        ray_cfg = with_overrides(base, {"resources.workers": 1, "resources.cpus_per_worker": cpus - 0.1,
+        ray_cfg = with_overrides(base, {"resources.workers": 1, "resources.cpus_per_worker": cpus,
                                         "resources.trial_cpus": 0.1})
         say(f"  Ray Train, 1 worker: {steps} steps")
         t0 = time.perf_counter()
-        train_with_ray(with_overrides(ray_cfg, {"train.output_dir": str(root / "train")}), quiet=True)
+        ray_run = train_with_ray(with_overrides(ray_cfg, {"train.output_dir": str(root / "train")}), quiet=True)
         out["ray_train_seconds"] = time.perf_counter() - t0
+        out["ray_train_train_seconds"] = ray_run["train_seconds"]
+        out["torch_threads"] = {"bare": bare.get("torch_threads"), "ray_train": ray_run.get("torch_threads")}
 
         say(f"  Ray Tune trial around Ray Train: {steps} steps")
         tune_cfg = with_overrides(ray_cfg, {"train.output_dir": str(root / "tune" / "run")})

@@ -53,6 +53,12 @@ def forward_pieces(model: nn.Module, inputs: dict[str, torch.Tensor],
     mask = inputs["attention_mask"]
     width = mask.shape[1]
     widths = row_widths(mask)
+    table = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if table is not None and "input_ids" in inputs and torch.is_grad_enabled():
+        # the token embeddings of the whole batch in one lookup: one backward into the (large) embedding
+        # table instead of one dense gradient per piece; the model adds positions and types per piece
+        inputs = {("inputs_embeds" if k == "input_ids" else k): (table(v) if k == "input_ids" else v)
+                  for k, v in inputs.items()}
     outs = []
     for idx in pieces:
         w = int(widths[idx].max())

@@ -184,7 +184,12 @@ def build_optimizer(cfg: ExperimentConfig, method: Method, total_steps: int):
             continue
         (no_decay if (name.endswith("bias") or "LayerNorm" in name or "layer_norm" in name) else decay).append(p)
     groups = [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    opt = torch.optim.AdamW([g for g in groups if g["params"]], lr=t.lr, betas=tuple(t.adam_betas), eps=t.adam_eps)
+    # fused: one kernel for every parameter (CPU and CUDA), the same update as the loop over parameters up to
+    # float rounding and several times faster on a small model (raysent bench)
+    fused = t.fused_adamw and all(p.device.type in ("cpu", "cuda") and p.is_floating_point()
+                                  for g in groups for p in g["params"])
+    opt = torch.optim.AdamW([g for g in groups if g["params"]], lr=t.lr, betas=tuple(t.adam_betas), eps=t.adam_eps,
+                            **({"fused": True} if fused else {}))
     sched = get_linear_schedule_with_warmup(opt, int(round(t.warmup_ratio * total_steps)), max(total_steps, 1))
     return opt, sched
 
@@ -363,6 +368,7 @@ def run_training(cfg: ExperimentConfig, method: Method, data: TokenizedData, dev
         "sentences_per_second": (state.step * t.batch_size / state.train_seconds) if state.train_seconds > 0 else None,
         "workers": world,
         "device": device.type,
+        "torch_threads": torch.get_num_threads(),
         "precision": t.precision if stepper.use_amp else "fp32",
         "prepare": prepared,
         **(record or {}),

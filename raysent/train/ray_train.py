@@ -37,7 +37,7 @@ import torch.distributed as dist
 from raysent.config import ExperimentConfig, parse_config
 from raysent.errors import RaysentError
 from raysent.methods import Gatherer, Method
-from raysent.train.loop import STATE_FILE, TrainHooks, _link_tree, run_training
+from raysent.train.loop import BEST_DIR, STATE_FILE, TrainHooks, _link_tree, run_training
 from raysent.train.run import _stderr, build_method, finish, prepare_data, train_stages
 
 SUMMARY_FILE = "summary.json"
@@ -63,6 +63,18 @@ class RayHooks(TrainHooks):
         self.gather_negatives = cfg.train.gather_negatives
         self._scratch: Path | None = None
         self._last: Path | None = None
+        # on a local (or NFS) storage path, checkpoints are written straight into Ray's experiment folder and
+        # reported without an upload (no copy of model + optimizer at every evaluation); elsewhere (s3://, gs://)
+        # they are written to a temporary folder and uploaded by Ray
+        self._in_storage: Path | None = None
+        try:
+            import pyarrow.fs as pafs
+
+            storage = ray.train.get_context().get_storage()
+            if isinstance(storage.storage_filesystem, pafs.LocalFileSystem):
+                self._in_storage = Path(storage.experiment_fs_path)
+        except Exception:  # another Ray version: upload as before
+            self._in_storage = None
 
     @property
     def distributed(self) -> bool:
@@ -135,7 +147,11 @@ class RayHooks(TrainHooks):
 
     def scratch_dir(self) -> Path:
         if self._scratch is None:
-            self._scratch = Path(tempfile.mkdtemp(prefix="raysent-worker-"))
+            if self._in_storage is not None:
+                self._in_storage.mkdir(parents=True, exist_ok=True)
+                self._scratch = Path(tempfile.mkdtemp(dir=self._in_storage, prefix=".raysent-worker-"))
+            else:
+                self._scratch = Path(tempfile.mkdtemp(prefix="raysent-worker-"))
         return self._scratch
 
     def report(self, metrics: dict, checkpoint_dir: Path | None) -> None:
@@ -143,9 +159,14 @@ class RayHooks(TrainHooks):
 
         clean = {k: v for k, v in metrics.items() if v is not None}
         if checkpoint_dir is not None:
-            ray.train.report(clean, checkpoint=ray.train.Checkpoint.from_directory(str(checkpoint_dir)))
-            if self._last is not None:  # keep the newest one: the final checkpoint is built from it
-                shutil.rmtree(self._last, ignore_errors=True)
+            checkpoint = ray.train.Checkpoint.from_directory(str(checkpoint_dir))
+            if self._in_storage is not None and Path(checkpoint_dir).is_relative_to(self._in_storage):
+                # already in Ray's experiment folder: registered where it is; Ray's num_to_keep deletes old ones
+                ray.train.report(clean, checkpoint=checkpoint, checkpoint_upload_mode=ray.train.CheckpointUploadMode.NO_UPLOAD)
+            else:
+                ray.train.report(clean, checkpoint=checkpoint)
+                if self._last is not None:  # keep the newest one: the final checkpoint is built from it
+                    shutil.rmtree(self._last, ignore_errors=True)
             self._last = Path(checkpoint_dir)
         else:
             ray.train.report(clean)
@@ -171,7 +192,10 @@ class RayHooks(TrainHooks):
             (final / SUMMARY_FILE).write_text(json.dumps(summary, default=str))
         self.report({**metrics, "finished": True}, final)
         if self.rank == 0 and self._scratch is not None:
-            shutil.rmtree(self._scratch, ignore_errors=True)
+            if self._in_storage is not None:  # the checkpoints in it are Ray's now; the rest goes
+                shutil.rmtree(self._scratch / BEST_DIR, ignore_errors=True)
+            else:
+                shutil.rmtree(self._scratch, ignore_errors=True)
 
 
 def _train_worker(config: dict) -> None:
@@ -287,7 +311,7 @@ def collect(cfg: ExperimentConfig, result, t0: float) -> dict:
         summary = json.loads((d / SUMMARY_FILE).read_text())
         tmp = Path(tempfile.mkdtemp(dir=out, prefix=".best-"))
         shutil.rmtree(tmp)
-        shutil.copytree(d / "best", tmp)
+        _link_tree(d / "best", tmp)  # hard links where the checkpoint is on this file system
     shutil.rmtree(out / "best", ignore_errors=True)
     tmp.rename(out / "best")
     summary["ray"] = {"storage_path": result.path, "checkpoint": result.checkpoint.path}
