@@ -348,6 +348,7 @@ def cmd_bench(args) -> int:
     opts = BenchOptions(model=args.model, batch_size=args.batch_size, max_length=args.max_length, steps=args.steps,
                         warmup=args.warmup, parts=_split_list([args.parts]), methods=_split_list([args.methods]),
                         overhead_steps=args.overhead_steps, eval_repeats=args.eval_repeats, cpus=args.cpus,
+                        eval_sets=_split_list([args.eval_sets]), speedups=_split_list([args.speedups]),
                         threads=args.threads, output_dir=args.output_dir, peak_tflops=args.peak_tflops,
                         grad_cache_rows=args.grad_cache_rows)
     result = run_bench(opts, say=lambda m: print(m, file=sys.stderr, flush=True))
@@ -624,6 +625,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"steps of the run the overhead part repeats three ways (default {bd.overhead_steps})")
     b.add_argument("--eval-repeats", type=int, default=bd.eval_repeats,
                    help=f"runs of each evaluator, the fastest counts (default {bd.eval_repeats})")
+    b.add_argument("--speedups", default=",".join(bd.speedups),
+                   help="speedups the speedups part turns on and off (default all: " + ",".join(bd.speedups) + ")")
+    b.add_argument("--eval-sets", default=",".join(bd.eval_sets),
+                   help="STS test sets of the evaluation part (default all seven)")
     b.add_argument("--grad-cache-rows", type=int, default=None,
                    help="chunk rows of the gradient-caching case (default: a quarter of the batch)")
     b.add_argument("--cpus", type=float, default=bd.cpus, help=f"CPUs a Ray trial may use (default {bd.cpus:g})")

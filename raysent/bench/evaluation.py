@@ -33,8 +33,8 @@ def bench_evaluation(model: str, max_length: int = 256, repeats: int = 2, tasks=
     path, _ = resolve_model(model)
     st = SentenceTransformer(path, device="cuda" if torch.cuda.is_available() else "cpu")
     st.max_seq_length = max_length
-    pooling = [m for m in st if type(m).__name__ == "Pooling"]
-    if not pooling or pooling[0].get_pooling_mode_str() != "mean":
+    pooling = [m.get_config_dict() for m in st if type(m).__name__ == "Pooling"]
+    if not pooling or pooling[0].get("pooling_mode", pooling[0].get("pooling_mode_mean_tokens") and "mean") != "mean":
         raise RuntimeError(f"sentence-transformers loads {path} without mean pooling; the comparison needs the same "
                            "pooling on both sides")
     data = {t: load(t, "scored_pairs") for t in tasks}
@@ -46,7 +46,7 @@ def bench_evaluation(model: str, max_length: int = 256, repeats: int = 2, tasks=
     for r in range(repeats):
         say(f"  evaluation {r + 1}/{repeats}: raysent")
         t0 = time.perf_counter()
-        ours = evaluate_sts(ours_encode, tasks=list(tasks), aggregation="all")
+        ours = evaluate_sts(ours_encode, tasks=list(tasks), aggregation="all")  # reads the files too
         ours_times.append(time.perf_counter() - t0)
         say(f"  evaluation {r + 1}/{repeats}: sentence-transformers")
         t0 = time.perf_counter()

@@ -1,0 +1,82 @@
+"""`raysent bench` runs every part and writes what it measured (tiny budgets; timings are never
+asserted, only that the measurements exist, are consistent and compare equal things)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from raysent.bench import BenchOptions, format_markdown
+from raysent.errors import RaysentError
+
+from conftest import PARAPHRASE, RAW_BERT, run_cli
+
+pytestmark = pytest.mark.slow
+
+
+def test_bench_training_speedups_and_evaluation_write_json_and_markdown(tmp_path):
+    out = tmp_path / "bench"
+    proc = run_cli("bench", "--model", RAW_BERT, "--parts", "training,speedups,evaluation,gpu",
+                   "--methods", "simcse-unsup,sg-opt", "--speedups", "cache_views,grad_cache",
+                   "--batch-size", "16", "--max-length", "24",
+                   "--steps", "2", "--warmup", "1", "--eval-sets", "stsb", "--eval-repeats", "1",
+                   "--output-dir", str(out))
+    files = sorted(out.iterdir())
+    assert [f.suffix for f in files] == [".json", ".md"]
+    r = json.loads(files[0].read_text())
+    tr = r["training"]
+    assert set(tr["methods"]) == {"simcse-unsup", "sg-opt"}
+    for name, case in tr["methods"].items():
+        assert case["steps"] == 2 and case["steps_per_second"] > 0 and case["peak_rss_mib"] > 100, name
+        assert case["steps_per_second"] == pytest.approx(2 / case["seconds"])
+        assert tr["steps_per_second_vs_st_mnrl"][name] == pytest.approx(
+            case["steps_per_second"] / tr["st_mnrl"]["steps_per_second"])
+    assert tr["methods"]["simcse-unsup"]["fields_per_example"] == 1  # two views of one sentence
+    assert tr["methods"]["sg-opt"]["prepare"]["view_cache_mib"] > 0  # the views were cached
+    assert tr["st_mnrl"]["steps"] == 2
+    sp = r["speedups"]
+    assert set(sp) == {"cache_views", "grad_cache"}
+    assert sp["cache_views"]["off"]["prepare"] == {}  # off really computed the views at every step
+    assert sp["grad_cache"]["on_settings"] == {"grad_cache_rows": 4}
+    # the evaluation compared equal scores on the same set
+    ev = r["evaluation"]
+    assert list(ev["scores"]) == ["stsb"] and ev["equal_scores"], ev["scores"]
+    assert ev["sentences_embedded"]["sentence_transformers"] == 2 * 1379
+    assert r["gpu"] == {"skipped": "no CUDA device"} or "cases" in r["gpu"]
+    assert set(r["targets"]) == {"simcse_unsup_vs_st_mnrl", "evaluation_speedup", "tune_train_overhead",
+                                 "sg_opt_cached_views"}
+    assert r["targets"]["tune_train_overhead"]["met"] is None  # that part did not run
+    md = files[1].read_text()
+    assert md == format_markdown(r) and md in proc.stdout
+    for heading in ("## Targets", "## Training throughput", "## Speedups", "## STS evaluation (1 test sets)"):
+        assert heading in md
+
+
+def test_bench_overhead_runs_the_same_training_three_ways(ray_cluster):
+    from raysent.bench import method_config
+    from raysent.bench.overhead import bench_overhead
+
+    opts = BenchOptions(model=PARAPHRASE, batch_size=16, max_length=24)
+    raw = method_config(opts, "simcse-unsup")
+    raw["data"].update({"max_train_samples": 16 * 4, "dev": "sickr:dev"})
+    raw["train"].update({"eval_at_start": False, "eval_every": 2})
+    r = bench_overhead(raw, steps=3, cpus=1.0)
+    for way in ("bare", "ray_train", "tune_trial"):
+        assert r[f"{way}_seconds"] > 0
+    assert r["ray_train_ratio"] == pytest.approx(r["ray_train_seconds"] / r["bare_seconds"])
+    assert r["tune_trial_overhead"] == pytest.approx(r["tune_trial_ratio"] - 1)
+    assert r["torch_threads"]["ray_train"] == 1  # one CPU for the worker: one torch thread
+
+
+def test_bench_options_are_checked():
+    with pytest.raises(RaysentError, match="--parts: unknown part"):
+        BenchOptions(parts=["training", "speed"]).check()
+    with pytest.raises(RaysentError, match="non-training method"):
+        BenchOptions(methods=["baseline"]).check()
+    with pytest.raises(RaysentError, match="--speedups: unknown"):
+        BenchOptions(speedups=["bucketing"]).check()
+    with pytest.raises(RaysentError, match="--eval-sets"):
+        BenchOptions(eval_sets=["sts17"]).check()
+    proc = run_cli("bench", "--parts", "nope", check=False)
+    assert proc.returncode == 2 and "allowed: training, speedups, evaluation, overhead, gpu" in proc.stderr
