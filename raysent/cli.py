@@ -350,7 +350,7 @@ def cmd_bench(args) -> int:
                         overhead_steps=args.overhead_steps, eval_repeats=args.eval_repeats, cpus=args.cpus,
                         eval_sets=_split_list([args.eval_sets]), speedups=_split_list([args.speedups]),
                         threads=args.threads, output_dir=args.output_dir, peak_tflops=args.peak_tflops,
-                        grad_cache_rows=args.grad_cache_rows)
+                        grad_cache_rows=args.grad_cache_rows, grad_cache_batch=args.grad_cache_batch)
     result = run_bench(opts, say=lambda m: print(m, file=sys.stderr, flush=True))
     json_path, md_path = write_results(result, opts.output_dir)
     print(format_markdown(result))
@@ -629,8 +629,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="speedups the speedups part turns on and off (default all: " + ",".join(bd.speedups) + ")")
     b.add_argument("--eval-sets", default=",".join(bd.eval_sets),
                    help="STS test sets of the evaluation part (default all seven)")
+    b.add_argument("--grad-cache-batch", type=int, default=bd.grad_cache_batch,
+                   help=f"batch of the gradient-caching case (default {bd.grad_cache_batch})")
     b.add_argument("--grad-cache-rows", type=int, default=None,
-                   help="chunk rows of the gradient-caching case (default: a quarter of the batch)")
+                   help="chunk rows of the gradient-caching case (default: an eighth of its batch)")
     b.add_argument("--cpus", type=float, default=bd.cpus, help=f"CPUs a Ray trial may use (default {bd.cpus:g})")
     b.add_argument("--threads", type=int, default=None, help="torch threads of each training case (default torch's)")
     b.add_argument("--peak-tflops", type=float, default=None,

@@ -19,7 +19,7 @@ def test_bench_training_speedups_and_evaluation_write_json_and_markdown(tmp_path
     out = tmp_path / "bench"
     proc = run_cli("bench", "--model", RAW_BERT, "--parts", "training,speedups,evaluation,gpu",
                    "--methods", "simcse-unsup,sg-opt", "--speedups", "cache_views,grad_cache",
-                   "--batch-size", "16", "--max-length", "24",
+                   "--batch-size", "16", "--max-length", "24", "--grad-cache-batch", "32",
                    "--steps", "2", "--warmup", "1", "--eval-sets", "stsb", "--eval-repeats", "1",
                    "--output-dir", str(out))
     files = sorted(out.iterdir())
@@ -38,7 +38,7 @@ def test_bench_training_speedups_and_evaluation_write_json_and_markdown(tmp_path
     sp = r["speedups"]
     assert set(sp) == {"cache_views", "grad_cache"}
     assert sp["cache_views"]["off"]["prepare"] == {}  # off really computed the views at every step
-    assert sp["grad_cache"]["on_settings"] == {"grad_cache_rows": 4}
+    assert sp["grad_cache"]["on_settings"] == {"grad_cache_rows": 4}  # an eighth of the batch of 32
     # the evaluation compared equal scores on the same set
     ev = r["evaluation"]
     assert list(ev["scores"]) == ["stsb"] and ev["equal_scores"], ev["scores"]
