@@ -143,7 +143,12 @@ class RayHooks(TrainHooks):
             return None
         local = Path(tempfile.mkdtemp(prefix="raysent-restore-"))
         ckpt.to_directory(str(local))
-        return local if (local / STATE_FILE).is_file() else None
+        if not (local / STATE_FILE).is_file():
+            return None
+        # the newest checkpoint until this worker reports one: a resumed run with nothing left to train
+        # builds its final checkpoint (state and best model) from it
+        self._last = local
+        return local
 
     def scratch_dir(self) -> Path:
         if self._scratch is None:
@@ -163,6 +168,8 @@ class RayHooks(TrainHooks):
             if self._in_storage is not None and Path(checkpoint_dir).is_relative_to(self._in_storage):
                 # already in Ray's experiment folder: registered where it is; Ray's num_to_keep deletes old ones
                 ray.train.report(clean, checkpoint=checkpoint, checkpoint_upload_mode=ray.train.CheckpointUploadMode.NO_UPLOAD)
+                if self._last is not None and not self._last.is_relative_to(self._in_storage):
+                    shutil.rmtree(self._last, ignore_errors=True)  # a restored copy, no longer the newest
             else:
                 ray.train.report(clean, checkpoint=checkpoint)
                 if self._last is not None:  # keep the newest one: the final checkpoint is built from it
@@ -236,7 +243,20 @@ def init_ray(cfg: ExperimentConfig) -> None:
     if address:
         ray.init(address=address, log_to_driver=True)
     else:
-        ray.init(dashboard_host="127.0.0.1", log_to_driver=True)
+        ray.init(dashboard_host="127.0.0.1", log_to_driver=True, **local_ray_options(cfg))
+
+
+# what a trial's processes import: Ray's idle worker processes import it ahead of time
+PRELOAD_MODULES = ("torch", "transformers", "raysent.train.ray_train")
+
+
+def local_ray_options(cfg: ExperimentConfig) -> dict:
+    """Options of a Ray started here: with ``resources.preload_workers``, Ray's idle worker processes
+    import torch, transformers and raysent before a trial needs them (Ray's ``preload_python_modules``),
+    so a trial's Tune, Train-controller and worker processes start without the import wait."""
+    if not cfg.resources.preload_workers or "RAY_preload_python_modules" in os.environ:
+        return {}
+    return {"_system_config": {"preload_python_modules": list(PRELOAD_MODULES)}}
 
 
 def run_location(cfg: ExperimentConfig) -> tuple[str, str]:
