@@ -250,9 +250,6 @@ class ResourcesConfig(Strict):
                                      "default results/<name>/ray")
     address: str | None = Field(None, description="Ray cluster address (auto, ray://host:10001); "
                                 "default local (or RAY_ADDRESS)")
-    preload_workers: bool = Field(True, description="a Ray started by raysent has its idle worker processes "
-                                  "import torch, transformers and raysent ahead of time (faster trial starts, "
-                                  "~0.5 GB per idle worker)")
 
 
 class TrackingConfig(Strict):

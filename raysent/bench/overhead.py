@@ -48,10 +48,7 @@ def bench_overhead(raw_config: dict, steps: int, cpus: float, say=lambda m: None
         if started_here and not (base.resources.address or os.environ.get("RAY_ADDRESS")):
             # the worker gets the CPUs the bare loop had (Ray gives an actor floor(CPUs) torch threads), and the
             # trial's own driver, idle while Train runs, 0.1 more: one logical CPU beyond the cores
-            from raysent.train.ray_train import local_ray_options
-
-            ray.init(num_cpus=math.ceil(cpus) + 1, dashboard_host="127.0.0.1", log_to_driver=False,
-                     **local_ray_options(base))
+            ray.init(num_cpus=math.ceil(cpus) + 1, dashboard_host="127.0.0.1", log_to_driver=False)
         else:
             init_ray(base)
         out["ray_init_seconds"] = time.perf_counter() - t0 if started_here else None

@@ -243,20 +243,7 @@ def init_ray(cfg: ExperimentConfig) -> None:
     if address:
         ray.init(address=address, log_to_driver=True)
     else:
-        ray.init(dashboard_host="127.0.0.1", log_to_driver=True, **local_ray_options(cfg))
-
-
-# what a trial's processes import: Ray's idle worker processes import it ahead of time
-PRELOAD_MODULES = ("torch", "transformers", "raysent.train.ray_train")
-
-
-def local_ray_options(cfg: ExperimentConfig) -> dict:
-    """Options of a Ray started here: with ``resources.preload_workers``, Ray's idle worker processes
-    import torch, transformers and raysent before a trial needs them (Ray's ``preload_python_modules``),
-    so a trial's Tune, Train-controller and worker processes start without the import wait."""
-    if not cfg.resources.preload_workers or "RAY_preload_python_modules" in os.environ:
-        return {}
-    return {"_system_config": {"preload_python_modules": list(PRELOAD_MODULES)}}
+        ray.init(dashboard_host="127.0.0.1", log_to_driver=True)
 
 
 def run_location(cfg: ExperimentConfig) -> tuple[str, str]:
