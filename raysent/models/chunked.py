@@ -23,6 +23,7 @@ Torch only (no Ray): :class:`raysent.models.encoder.Encoder` calls these.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 import torch
@@ -141,8 +142,9 @@ class GradCache:
         w = int(row_widths(part["attention_mask"]).max())
         return hidden_states(model, {k: v[:, :w] for k, v in part.items()}, self.buckets)
 
-    def backward(self) -> None:
-        """Pass 2: each chunk again, with pass 1's random state, back-propagating the cached gradients."""
+    def backward(self, autocast=contextlib.nullcontext) -> None:
+        """Pass 2: each chunk again (its forward inside ``autocast()``), with pass 1's random state,
+        back-propagating the cached gradients."""
         after = _rng_state()
         try:
             for model, inputs, chunks, states, leaves in self.calls:
@@ -152,7 +154,8 @@ class GradCache:
                 for idx, state in zip(chunks, states):
                     _set_rng_state(state)
                     part = {k: v[idx] for k, v in inputs.items()}
-                    hs = self._chunk(model, part)
+                    with autocast():
+                        hs = self._chunk(model, part)
                     w = hs[0].shape[1]
                     torch.autograd.backward([hs[i] for i in used], [leaves[i].grad[idx, :w] for i in used])
         finally:

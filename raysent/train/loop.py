@@ -16,6 +16,7 @@ worker or the whole run dies.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -405,14 +406,17 @@ class Stepper:
         self.amp_dtype = torch.bfloat16 if t.precision == "bf16" else torch.float16
         self.scaler = torch.amp.GradScaler("cuda") if (self.use_amp and t.precision == "fp16") else None
 
+    def autocast(self):
+        """Mixed precision around the forward passes only (backward runs outside it, as PyTorch advises)."""
+        return torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.use_amp)
+
     def step(self, batch: dict, step: int) -> float:
         """Train on one collated batch; returns its loss."""
         batch = _to_device(batch, self.device)
         opt, scaler = self.optimizer, self.scaler
         opt.zero_grad(set_to_none=True)
-        with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.use_amp):
-            loss = forward_backward(self.model, self.method, batch, scaler, self.grad_cache, step,
-                                    self.scheduler.get_last_lr()[0])
+        loss = forward_backward(self.model, self.method, batch, scaler, self.grad_cache, step,
+                                self.scheduler.get_last_lr()[0], autocast=self.autocast)
         if self.grad_cache:
             self.hooks.sync_gradients(self.method)
         if scaler is not None:
@@ -429,9 +433,10 @@ class Stepper:
 
 
 def forward_backward(model: torch.nn.Module, method: Method, batch: dict, scaler=None, grad_cache: int | None = None,
-                     step: int = 0, lr: float = 0.0) -> torch.Tensor:
+                     step: int = 0, lr: float = 0.0, autocast=contextlib.nullcontext) -> torch.Tensor:
     """One batch's loss and its gradients (accumulated into ``.grad``); through a gradient cache of
-    ``grad_cache`` rows per chunk when given (raysent.models.chunked.GradCache)."""
+    ``grad_cache`` rows per chunk when given (raysent.models.chunked.GradCache). ``autocast()`` wraps
+    every forward pass."""
     def backward(loss: torch.Tensor) -> None:
         if not torch.isfinite(loss.detach()):
             raise NonFiniteLossError(
@@ -440,13 +445,15 @@ def forward_backward(model: torch.nn.Module, method: Method, batch: dict, scaler
         (scaler.scale(loss) if scaler is not None else loss).backward()
 
     if not grad_cache:
-        loss = model(batch).loss
+        with autocast():
+            loss = model(batch).loss
         backward(loss)
         return loss
     with method.encoder.grad_cache(grad_cache) as cache:
-        loss = model(batch).loss
+        with autocast():
+            loss = model(batch).loss
         backward(loss)  # the method's own parameters, and the gradients of the cached hidden states
-        cache.backward()  # into the encoder, chunk by chunk
+        cache.backward(autocast)  # into the encoder, chunk by chunk
     return loss
 
 
