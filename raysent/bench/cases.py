@@ -61,7 +61,7 @@ def method_case(spec: dict) -> dict:
     optimizer, scheduler = build_optimizer(cfg, method, total)
     stepper = Stepper(cfg, method, hooks, optimizer, scheduler)
     started = time.perf_counter()
-    prepared = method.prepare(data, hooks.device) or {}
+    prepared = method.prepare(data, hooks.device)
     prepare_seconds = time.perf_counter() - started
     order = GlobalBatches(len(data), cfg.train.batch_size, seed=cfg.train.seed, groups=groups)
     batches = [b for epoch in range(total // max(len(order), 1) + 1) for b in order.epoch(epoch)][:total]

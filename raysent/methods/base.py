@@ -166,8 +166,10 @@ class Method(nn.Module):
     def set_gatherer(self, gatherer: Gatherer) -> None:
         self.gatherer = gatherer
 
-    def prepare(self, data, device: torch.device, log=None) -> None:
-        """Precompute what the method can once for the whole training data (SG: BERT_F's views)."""
+    def prepare(self, data, device: torch.device, log=None) -> dict:
+        """Precompute what the method can once for the whole training data (SG: BERT_F's views); returns
+        what it recorded (kept in the run's result.json under ``prepare``)."""
+        return {}
 
     def encode_parts(self, toks: list[dict], pool_fn=None) -> list[torch.Tensor]:
         """Training embeddings of several tokenized batches (views, or the fields of a triplet).

@@ -166,6 +166,7 @@ class SelfGuided(Method):
         if hi >= n_states:
             raise ValueError(f"layers {list(params.layers)}: the model has layers 0..{n_states - 1}")
         self.layer_range = (lo, hi)
+        self._view_cache: torch.Tensor | None = None  # BERT_F's views per training sentence (prepare)
 
     def ddp_ignored(self) -> list[str]:
         """Parameter/buffer names DDP must leave alone (BERT_F stays local to each worker)."""
@@ -236,9 +237,8 @@ class SelfGuided(Method):
     def forward(self, batch: dict) -> LossOutput:
         tok = batch["text"]
         n = tok["input_ids"].shape[0]
-        cache = getattr(self, "_view_cache", None)
-        if cache is not None and "index" in batch:
-            h = cache[batch["index"].cpu()].to(tok["input_ids"].device)  # [n, l+1, d], computed once (prepare)
+        if self._view_cache is not None and "index" in batch:
+            h = self._view_cache[batch["index"].cpu()].to(tok["input_ids"].device)  # [n, l+1, d], computed once (prepare)
         else:
             h = self.views(tok)  # [n, l+1, d]
         c = self.encoder(**tok)[-1][:, 0]  # BERT_T's last-layer [CLS]

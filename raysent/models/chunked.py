@@ -38,6 +38,12 @@ def _forward(model: nn.Module, inputs: dict[str, torch.Tensor]) -> tuple[torch.T
     return tuple(model(**inputs, output_hidden_states=True, return_dict=True).hidden_states)
 
 
+def _pad_cat(outs: list[tuple[torch.Tensor, ...]], width: int) -> tuple[torch.Tensor, ...]:
+    """Per layer, the pieces' states padded back to ``width`` and stacked along the rows."""
+    return tuple(torch.cat([F.pad(o[layer], (0, 0, 0, width - o[layer].shape[1])) for o in outs])
+                 for layer in range(len(outs[0])))
+
+
 def row_widths(mask: torch.Tensor) -> torch.Tensor:
     """Per row, the position after its last real token (right padding; holes inside are kept)."""
     pos = torch.arange(1, mask.shape[1] + 1, device=mask.device)
@@ -67,8 +73,7 @@ def forward_pieces(model: nn.Module, inputs: dict[str, torch.Tensor],
     order = torch.cat(list(pieces))
     inverse = torch.empty_like(order)
     inverse[order] = torch.arange(order.numel(), device=order.device)
-    return tuple(torch.cat([F.pad(o[layer], (0, 0, 0, width - o[layer].shape[1])) for o in outs])[inverse]
-                 for layer in range(len(outs[0])))
+    return tuple(h[inverse] for h in _pad_cat(outs, width))
 
 
 def length_buckets(mask: torch.Tensor, buckets: int) -> list[torch.Tensor] | None:
@@ -133,8 +138,7 @@ class GradCache:
                 part = {k: v[idx] for k, v in inputs.items()}
                 outs.append(self._chunk(model, part))
         width = inputs["attention_mask"].shape[1]
-        leaves = tuple(torch.cat([F.pad(o[layer], (0, 0, 0, width - o[layer].shape[1])) for o in outs])
-                       .detach().requires_grad_(True) for layer in range(len(outs[0])))
+        leaves = tuple(h.detach().requires_grad_(True) for h in _pad_cat(outs, width))
         self.calls.append((model, inputs, chunks, states, leaves))
         return leaves
 

@@ -309,7 +309,7 @@ def run_training(cfg: ExperimentConfig, method: Method, data: TokenizedData, dev
 
     hooks.log(f"training {method.name} on {len(data):,} examples: {total} steps of {t.batch_size} "
               f"({steps_per_epoch} per epoch) on {world} worker(s), device {device.type}")
-    prepared = (method.prepare(data, device, hooks.log) or {}) if total > state.step else {}
+    prepared = method.prepare(data, device, hooks.log) if total > state.step else {}
     model.train()
     if state.step == 0 and not state.dev_curve and (t.eval_at_start or total == 0):
         eval_step(None)
