@@ -347,7 +347,8 @@ def cmd_bench(args) -> int:
                            "pip install -e '.[bench]'") from None
     opts = BenchOptions(model=args.model, batch_size=args.batch_size, max_length=args.max_length, steps=args.steps,
                         warmup=args.warmup, parts=_split_list([args.parts]), methods=_split_list([args.methods]),
-                        overhead_steps=args.overhead_steps, eval_repeats=args.eval_repeats, cpus=args.cpus,
+                        overhead_steps=args.overhead_steps, overhead_trials=args.overhead_trials,
+                        eval_repeats=args.eval_repeats, cpus=args.cpus,
                         eval_sets=_split_list([args.eval_sets]), speedups=_split_list([args.speedups]),
                         threads=args.threads, output_dir=args.output_dir, peak_tflops=args.peak_tflops,
                         grad_cache_rows=args.grad_cache_rows, grad_cache_batch=args.grad_cache_batch)
@@ -622,7 +623,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--methods", default=",".join(BENCH_METHODS),
                    help="comma-separated methods of the training part (default: every training method)")
     b.add_argument("--overhead-steps", type=int, default=bd.overhead_steps,
-                   help=f"steps of the run the overhead part repeats three ways (default {bd.overhead_steps})")
+                   help=f"steps of the run the overhead part repeats four ways (default {bd.overhead_steps})")
+    b.add_argument("--overhead-trials", type=int, default=bd.overhead_trials,
+                   help="Tune trials of each Tune way, one after another: the first starts Tune's trial process, "
+                        f"later ones reuse it (default {bd.overhead_trials})")
     b.add_argument("--eval-repeats", type=int, default=bd.eval_repeats,
                    help=f"runs of each evaluator, the fastest counts (default {bd.eval_repeats})")
     b.add_argument("--speedups", default=",".join(bd.speedups),

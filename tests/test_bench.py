@@ -53,7 +53,7 @@ def test_bench_training_speedups_and_evaluation_write_json_and_markdown(tmp_path
         assert heading in md
 
 
-def test_bench_overhead_runs_the_same_training_three_ways(ray_cluster):
+def test_bench_overhead_runs_the_same_training_four_ways(ray_cluster):
     from raysent.bench import method_config
     from raysent.bench.overhead import bench_overhead
 
@@ -61,12 +61,24 @@ def test_bench_overhead_runs_the_same_training_three_ways(ray_cluster):
     raw = method_config(opts, "simcse-unsup")
     raw["data"].update({"max_train_samples": 16 * 4, "dev": "sickr:dev"})
     raw["train"].update({"eval_at_start": False, "eval_every": 2})
-    r = bench_overhead(raw, steps=3, cpus=1.0)
-    for way in ("bare", "ray_train", "tune_trial"):
+    r = bench_overhead(raw, steps=3, cpus=1.0, trials=2)
+    for way in ("bare", "ray_train", "tune_trial", "tune_trial_next", "tune_in_trial", "tune_in_trial_next"):
         assert r[f"{way}_seconds"] > 0
+    for way in ("tune_trial", "tune_in_trial"):  # each trial timed, the first apart from the later ones
+        assert len(r[f"{way}_each"]) == 2 and r[f"{way}_seconds"] == r[f"{way}_each"][0]
+        assert r[f"{way}_next_seconds"] == r[f"{way}_each"][1]
     assert r["ray_train_ratio"] == pytest.approx(r["ray_train_seconds"] / r["bare_seconds"])
-    assert r["tune_trial_overhead"] == pytest.approx(r["tune_trial_ratio"] - 1)
+    assert r["tune_trial_next_overhead"] == pytest.approx(r["tune_trial_next_ratio"] - 1)
     assert r["torch_threads"]["ray_train"] == 1  # one CPU for the worker: one torch thread
+    # where the Ray Train run's time went, from its own summary: the parts fit inside its wall time
+    ph = r["ray_train_phases"]
+    assert ph["until_worker_runs"] > 0 and ph["eval_seconds"] > 0 and ph["checkpoint_seconds"] > 0
+    assert ph["until_worker_runs"] + ph["build_method"] + ph["prepare_data"] + ph["eval_seconds"] < r["ray_train_seconds"]
+    assert r["bare_phases"]["eval_seconds"] < r["bare_seconds"]
+    md = format_markdown({"options": {**BenchOptions().__dict__}, "started": "now",
+                          "machine": {"cpus": 2, "torch": "t", "torch_threads": 1, "cuda": None, "transformers": "t",
+                                      "sentence_transformers": "s", "ray": "r"}, "overhead": r})
+    assert "Tune trial training in its own process: each later one" in md and "until worker runs" in md
 
 
 def test_bench_options_are_checked():

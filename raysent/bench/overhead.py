@@ -1,15 +1,21 @@
 """``raysent bench`` part 3: what Ray Train and Ray Tune cost around the same training run.
 
-The same run (config, seed, steps, dev evaluations, checkpoints, result.json) three ways:
+The same run (config, seed, steps, dev evaluations, checkpoints, result.json) four ways:
 
 * ``bare``: :func:`raysent.train.run.train_in_process` in this (already warm) process;
 * ``ray_train``: :func:`raysent.train.ray_train.train_with_ray` with one Ray Train worker (the
   controller and worker processes are started, import torch and load the model: all counted);
-* ``tune_trial``: one Ray Tune trial whose function trainable launches that TorchTrainer, exactly
-  as a `raysent tune` trial does (:func:`raysent.tune.search._train`).
+* ``tune_trial``: Ray Tune trials whose function trainable launches that TorchTrainer, exactly as a
+  `raysent tune` trial with ``resources.workers: 1`` does (:func:`raysent.tune.search._train`);
+* ``tune_in_trial``: Ray Tune trials that train in the trial's own process, as a `raysent tune` trial
+  with ``resources.workers: null`` does.
 
-Starting Ray itself (``ray.init``) happens once per search, not per trial, and is reported apart.
-The overhead of a way is its wall time over the bare run's, minus one.
+The two Tune ways run ``trials`` trials one after another in one Tuner, as a search does: the first
+trial starts Tune's trial process, later ones reuse it (Tune's ``reuse_actors``, on for function
+trainables), so the later trials are what each of a search's hundreds of trials costs. Starting Ray
+itself (``ray.init``) happens once per search and is reported apart. The overhead of a way is its wall
+time over the bare run's, minus one. Where the time goes on the Ray Train worker (start, model, data,
+steps, evaluations, checkpoints) comes from the run's own summary.
 """
 
 from __future__ import annotations
@@ -22,66 +28,94 @@ import time
 from pathlib import Path
 
 
-def bench_overhead(raw_config: dict, steps: int, cpus: float, say=lambda m: None) -> dict:
-    import ray
+def _tune_trials(cfg, trials: int, trial_cpus: float, root: Path) -> list[float]:
+    """Wall seconds of each of ``trials`` sequential Tune trials training ``cfg`` (the first one from the
+    Tuner's start, each later one from the end of the one before)."""
     from ray import tune
+
+    from raysent.config import with_overrides
+    from raysent.tune.search import _train
+
+    env = {k: os.environ[k] for k in ("RAYSENT_DATA_DIR", "RAYSENT_MODEL_DIR") if k in os.environ}
+
+    def trial(config: dict) -> None:
+        os.environ.update(env)
+        _train(with_overrides(cfg, {"train.output_dir": str(root / "runs" / f"trial{config['i']}")}))
+        tune.report({"ended": time.time()})
+
+    tuner = tune.Tuner(tune.with_resources(trial, {"CPU": trial_cpus}),
+                       param_space={"i": tune.grid_search(list(range(trials)))},
+                       tune_config=tune.TuneConfig(max_concurrent_trials=1),
+                       run_config=tune.RunConfig(name="bench", storage_path=str(root / "state"), verbose=0))
+    t0 = time.time()
+    results = tuner.fit()
+    if results.errors:
+        raise RuntimeError(f"a Tune trial failed: {results.errors[0]}")
+    ends = sorted(r.metrics["ended"] for r in results)
+    return [b - a for a, b in zip([t0, *ends[:-1]], ends)]
+
+
+def bench_overhead(raw_config: dict, steps: int, cpus: float, trials: int = 2, say=lambda m: None) -> dict:
+    import ray
+    import torch
 
     from raysent.config import parse_config, with_overrides
     from raysent.train.ray_train import init_ray, train_with_ray
     from raysent.train.run import train_in_process
-    from raysent.tune.search import _train
 
     root = Path(tempfile.mkdtemp(prefix="raysent-bench-overhead-"))
     base = parse_config(raw_config, source="<raysent bench>")
     base = with_overrides(base, {"train.max_steps": steps, "tracking.enabled": False})
-    out: dict = {"steps": steps, "batch_size": base.train.batch_size, "eval_every": base.train.eval_every}
+    out: dict = {"steps": steps, "batch_size": base.train.batch_size, "eval_every": base.train.eval_every,
+                 "trials": trials}
     try:
         say(f"  bare loop: {steps} steps in this process")
         cfg = with_overrides(base, {"train.output_dir": str(root / "bare")})
+        # the torch threads a Ray worker with `cpus` CPUs gets (Ray sets OMP_NUM_THREADS to their floor)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(max(1, math.floor(cpus)))
         t0 = time.perf_counter()
-        bare = train_in_process(cfg, quiet=True)
+        try:
+            bare = train_in_process(cfg, quiet=True)
+        finally:
+            torch.set_num_threads(threads)
         out["bare_seconds"] = time.perf_counter() - t0
         out["bare_train_seconds"] = bare["train_seconds"]
+        out["bare_phases"] = bare["phases"]
 
         t0 = time.perf_counter()
         started_here = not ray.is_initialized()
-        if started_here and not (base.resources.address or os.environ.get("RAY_ADDRESS")):
-            # the worker gets the CPUs the bare loop had (Ray gives an actor floor(CPUs) torch threads), and the
-            # trial's own driver, idle while Train runs, 0.1 more: one logical CPU beyond the cores
-            ray.init(num_cpus=math.ceil(cpus) + 1, dashboard_host="127.0.0.1", log_to_driver=False)
-        else:
-            init_ray(base)
+        # a local Ray started here: the worker gets the CPUs the bare loop had (Ray gives an actor floor(CPUs)
+        # torch threads), and the trial's own driver, idle while Train runs, 0.1 more: one logical CPU beyond
+        init_ray(base, log_to_driver=False, num_cpus=math.ceil(cpus) + 1)
         out["ray_init_seconds"] = time.perf_counter() - t0 if started_here else None
 
         ray_cfg = with_overrides(base, {"resources.workers": 1, "resources.cpus_per_worker": cpus,
                                         "resources.trial_cpus": 0.1})
         say(f"  Ray Train, 1 worker: {steps} steps")
-        t0 = time.perf_counter()
+        t0, t0_unix = time.perf_counter(), time.time()
         ray_run = train_with_ray(with_overrides(ray_cfg, {"train.output_dir": str(root / "train")}), quiet=True)
         out["ray_train_seconds"] = time.perf_counter() - t0
         out["ray_train_train_seconds"] = ray_run["train_seconds"]
+        start = ray_run["startup"]
+        out["ray_train_phases"] = {"until_worker_runs": start["entered_unix"] - t0_unix,
+                                   "build_method": start["build_method_seconds"],
+                                   "prepare_data": start["prepare_data_seconds"], **ray_run["phases"]}
         out["torch_threads"] = {"bare": bare.get("torch_threads"), "ray_train": ray_run.get("torch_threads")}
 
-        say(f"  Ray Tune trial around Ray Train: {steps} steps")
-        tune_cfg = with_overrides(ray_cfg, {"train.output_dir": str(root / "tune" / "run")})
-        env = {k: os.environ[k] for k in ("RAYSENT_DATA_DIR", "RAYSENT_MODEL_DIR") if k in os.environ}
-
-        def trial(config: dict) -> None:
-            os.environ.update(env)
-            _train(tune_cfg)
-
-        tuner = tune.Tuner(tune.with_resources(trial, {"CPU": 0.1}),
-                           tune_config=tune.TuneConfig(num_samples=1),
-                           run_config=tune.RunConfig(name="bench", storage_path=str(root / "tune" / "state"),
-                                                     verbose=0))
-        t0 = time.perf_counter()
-        results = tuner.fit()
-        out["tune_trial_seconds"] = time.perf_counter() - t0
-        if results.errors:
-            raise RuntimeError(f"the Tune trial failed: {results.errors[0]}")
+        say(f"  {trials} Ray Tune trials, each running Ray Train: {steps} steps each")
+        out["tune_trial_each"] = _tune_trials(ray_cfg, trials, 0.1, root / "tune")
+        say(f"  {trials} Ray Tune trials, each training in its own process: {steps} steps each")
+        in_trial = with_overrides(base, {"resources.workers": None})
+        out["tune_in_trial_each"] = _tune_trials(in_trial, trials, cpus, root / "tune-in-trial")
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    for way in ("ray_train", "tune_trial"):
-        out[f"{way}_ratio"] = out[f"{way}_seconds"] / out["bare_seconds"]
-        out[f"{way}_overhead"] = out[f"{way}_ratio"] - 1.0
+    for way in ("tune_trial", "tune_in_trial"):
+        each = out[f"{way}_each"]
+        out[f"{way}_seconds"] = each[0]  # the first trial of a search (Tune's trial process started)
+        out[f"{way}_next_seconds"] = sum(each[1:]) / len(each[1:]) if len(each) > 1 else None
+    for way in ("ray_train", "tune_trial", "tune_trial_next", "tune_in_trial", "tune_in_trial_next"):
+        if out.get(f"{way}_seconds") is not None:
+            out[f"{way}_ratio"] = out[f"{way}_seconds"] / out["bare_seconds"]
+            out[f"{way}_overhead"] = out[f"{way}_ratio"] - 1.0
     return out

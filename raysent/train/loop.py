@@ -258,13 +258,20 @@ def run_training(cfg: ExperimentConfig, method: Method, data: TokenizedData, dev
     embedder = Embedder(method.embed, method.encoder.tokenizer, module=method, max_length=cfg.eval.max_length,
                         batch_size=cfg.eval.batch_size, device=device)
 
+    # where the time of this process goes (this run only, not a resumed run's earlier part): the bench's breakdown
+    phases = {"eval_seconds": 0.0, "checkpoint_seconds": 0.0, "report_seconds": 0.0}
+
     def evaluate() -> dict | None:
+        t0 = time.perf_counter()
         scores = None
         if hooks.rank == 0:
             scores = evaluate_dev(embedder, sets=dev_sets)
-        return hooks.broadcast(scores)
+        scores = hooks.broadcast(scores)
+        phases["eval_seconds"] += time.perf_counter() - t0
+        return scores
 
     def checkpoint_and_report(metrics: dict, improved: bool) -> None:
+        t0 = time.perf_counter()
         rng = hooks.all_gather_object(_rng_state())
         ckpt_dir = None
         if hooks.rank == 0:
@@ -285,7 +292,10 @@ def run_training(cfg: ExperimentConfig, method: Method, data: TokenizedData, dev
             }, ckpt_dir / STATE_FILE)
             if best_dir.is_dir():
                 _link_tree(best_dir, ckpt_dir / BEST_DIR)
+        t1 = time.perf_counter()
         hooks.report(metrics, ckpt_dir)
+        phases["checkpoint_seconds"] += t1 - t0
+        phases["report_seconds"] += time.perf_counter() - t1
 
     def eval_step(loss_avg: float | None) -> bool:
         """Evaluate, keep the best, checkpoint, report; True when patience says stop."""
@@ -372,6 +382,7 @@ def run_training(cfg: ExperimentConfig, method: Method, data: TokenizedData, dev
         "torch_threads": torch.get_num_threads(),
         "precision": t.precision if stepper.use_amp else "fp32",
         "prepare": prepared,
+        "phases": {k: round(v, 3) for k, v in phases.items()},
         **(record or {}),
     }
     if hooks.rank == 0:

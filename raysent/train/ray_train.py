@@ -207,6 +207,7 @@ class RayHooks(TrainHooks):
 
 def _train_worker(config: dict) -> None:
     """The train function of every Ray Train worker: the foundation's loop with :class:`RayHooks`."""
+    entered = time.time()
     for key, value in config.get("env", {}).items():
         # a node with its own copy of the data (cluster setup) keeps it; paths that exist here win
         if key not in os.environ or not key.endswith("_DIR") or os.path.exists(value):
@@ -224,26 +225,41 @@ def _train_worker(config: dict) -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
     cfg = parse_config(config["config"], source="<ray worker config>")
     hooks = RayHooks(cfg, quiet=config.get("quiet", False))
+    t = time.perf_counter()
     method = build_method(cfg)
+    built = time.perf_counter()
     data, groups, info = prepare_data(cfg, method)
+    startup = {"entered_unix": entered, "build_method_seconds": built - t,
+               "prepare_data_seconds": time.perf_counter() - built}
     # an injected failure (tests) kills the last worker only, as a crashed worker would
     fail_at = config.get("fail_at_step") if hooks.rank == hooks.world_size - 1 else None
     run_training(cfg, method, data, cfg.data.dev, hooks, groups=groups, fail_at_step=fail_at,
-                 record={"data": info})
+                 record={"data": info, "startup": startup})
 
 
 # --------------------------------------------------------------------------- driver side
-def init_ray(cfg: ExperimentConfig) -> None:
-    """Connect to ``resources.address`` (or RAY_ADDRESS), else start a local Ray (dashboard on 127.0.0.1)."""
+# Ray Train settings of a Ray that raysent starts on this machine, set in the environment its processes inherit
+# (a value the user exported wins). The controller polls its workers every 0.5 s instead of Ray's 2 s, so it
+# notices a finished (or failed) worker sooner: about 2.5 s less per run, measured with `raysent bench`; and no
+# spot-preemption watcher actor runs (a local machine is not preempted; on 2 cores every idle Ray process
+# takes ~0.7 % of the CPU from the training worker).
+LOCAL_RAY_ENV = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5", "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
+
+
+def init_ray(cfg: ExperimentConfig, log_to_driver: bool = True, **local) -> None:
+    """Connect to ``resources.address`` (or RAY_ADDRESS), else start a local Ray (dashboard on 127.0.0.1;
+    ``local``: more ``ray.init`` arguments for that case, e.g. ``num_cpus``)."""
     import ray
 
     if ray.is_initialized():
         return
     address = cfg.resources.address or os.environ.get("RAY_ADDRESS")
     if address:
-        ray.init(address=address, log_to_driver=True)
+        ray.init(address=address, log_to_driver=log_to_driver)
     else:
-        ray.init(dashboard_host="127.0.0.1", log_to_driver=True)
+        for key, value in LOCAL_RAY_ENV.items():
+            os.environ.setdefault(key, value)
+        ray.init(dashboard_host="127.0.0.1", log_to_driver=log_to_driver, **local)
 
 
 def run_location(cfg: ExperimentConfig) -> tuple[str, str]:
