@@ -176,3 +176,28 @@ def test_a_dying_worker_is_replaced_and_the_run_resumes_exactly(two_worker_run):
     assert again["resumed_at_step"] == again["final_step"] == 20
     assert again["best_dev_spearman"] == pytest.approx(summary["best_dev_spearman"], abs=1e-9)
     assert (tmp / "crash" / "best" / "config.json").is_file()
+
+
+def test_a_local_ray_started_by_raysent_gets_its_train_settings_and_exported_values_win(monkeypatch):
+    import ray
+
+    from raysent.config import parse_config
+    from raysent.train import ray_train
+
+    calls = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kw: calls.append(kw))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "3")  # the user's value
+    monkeypatch.delenv("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", raising=False)
+    cfg = parse_config({"name": "t", "method": "simcse-unsup", "model": {"name": RAW_BERT}}, source="<test>")
+    ray_train.init_ray(cfg, num_cpus=3)
+    assert calls == [{"dashboard_host": "127.0.0.1", "log_to_driver": True, "num_cpus": 3}]
+    assert os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] == "3"
+    assert os.environ["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] == "0"
+    # a cluster is joined as it is: no local settings, no local arguments
+    monkeypatch.setenv("RAY_ADDRESS", "auto")
+    monkeypatch.delenv("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER")
+    ray_train.init_ray(cfg, num_cpus=3)
+    assert calls[-1] == {"address": "auto", "log_to_driver": True}
+    assert "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER" not in os.environ
