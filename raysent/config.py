@@ -97,9 +97,9 @@ class TrainConfig(Strict):
                               "before training and look them up (BERT_F never changes)")
     fused_adamw: bool = Field(True, description="AdamW's fused implementation (one kernel for all parameters; "
                               "the same update up to float rounding)")
-    reuse_freed_memory: bool = Field(True, description="on CPU (Linux, glibc): keep memory the step frees for the "
-                                     "next step instead of handing it back to the OS and faulting it in again "
-                                     "(same numbers; the memory stays with the process)")
+    huge_pages: bool = Field(True, description="on CPU (Linux): PyTorch puts tensors of 2 MB and more on "
+                             "transparent huge pages (THP_MEM_ALLOC_ENABLE), so the large tensors each step "
+                             "allocates afresh fault in 2 MB at a time instead of 4 KiB (same numbers)")
     grad_cache_rows: int | None = Field(None, gt=0, description="gradient caching (GradCache): encode the batch "
                                         "in chunks of N rows, so a contrastive batch larger than memory gives "
                                         "the loss and gradients of the whole batch (null: off)")

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from raysent.errors import RaysentError
 
-SPEEDUPS = ("length_buckets", "concat_views", "cache_views", "reuse_freed_memory", "all_speedups", "grad_cache")
+SPEEDUPS = ("length_buckets", "concat_views", "cache_views", "huge_pages", "all_speedups", "grad_cache")
 STS_SETS = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
 PARTS = ("training", "speedups", "evaluation", "overhead", "gpu")
 METHODS = ("simcse-unsup", "simcse-sup", "sg", "sg-opt", "consert", "layeratt", "supcon", "sbert-nli")
@@ -145,7 +145,7 @@ def _st_spec(opts: BenchOptions, precision: str = "fp32") -> dict:
             "threads": opts.threads, "precision": precision}
 
 
-NO_SPEEDUPS = {"length_buckets": 1, "concat_views": False, "cache_views": False, "reuse_freed_memory": False}
+NO_SPEEDUPS = {"length_buckets": 1, "concat_views": False, "cache_views": False, "huge_pages": False}
 
 
 def bench_training(opts: BenchOptions, say) -> dict:
@@ -166,7 +166,7 @@ def bench_speedups(opts: BenchOptions, say, training: dict | None = None) -> dic
         ("length_buckets", "simcse-unsup", {}, {"length_buckets": 1}),
         ("concat_views", "simcse-unsup", {}, {"concat_views": False}),
         ("cache_views", "sg-opt", {}, {"cache_views": False}),
-        ("reuse_freed_memory", "simcse-unsup", {}, {"reuse_freed_memory": False}),
+        ("huge_pages", "simcse-unsup", {}, {"huge_pages": False}),
         ("all_speedups", "simcse-unsup", {}, NO_SPEEDUPS),
         ("grad_cache", "simcse-unsup", {"grad_cache_rows": rows}, {}),
     ]

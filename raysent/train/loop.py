@@ -413,10 +413,6 @@ class Stepper:
         if self.grad_cache and not method.supports_grad_cache:
             raise RaysentError(f"train.grad_cache_rows: method {method.name} does not support gradient caching")
         self.model = hooks.wrap(method, ddp=not self.grad_cache)
-        if t.reuse_freed_memory and self.device.type == "cpu":
-            from raysent.train.memory import reuse_freed_memory
-
-            reuse_freed_memory()
         self.use_amp = self.device.type == "cuda" and t.precision != "fp32"
         self.amp_dtype = torch.bfloat16 if t.precision == "bf16" else torch.float16
         self.scaler = torch.amp.GradScaler("cuda") if (self.use_amp and t.precision == "fp16") else None

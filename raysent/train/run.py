@@ -18,6 +18,7 @@ from raysent.methods import Method, get_method
 from raysent.methods.base import PREVIOUS_STAGE_BEST
 from raysent.models.encoder import Encoder
 from raysent.train.loop import TrainHooks, run_training, set_seed, write_json_atomic
+from raysent.train.memory import use_huge_pages
 
 log = logging.getLogger("raysent.train")
 
@@ -25,6 +26,8 @@ log = logging.getLogger("raysent.train")
 def build_method(cfg: ExperimentConfig) -> Method:
     # the heads (SimCSE's MLP, SG's projection, the layer-attention pooler, the NLI classifier) are
     # initialised here: seeded, so a run is reproducible and the same on every worker
+    if cfg.train.huge_pages:
+        use_huge_pages()  # before the model's weights: PyTorch reads its switch at the first large tensor
     set_seed(cfg.train.seed)
     encoder = Encoder.load(cfg.model.name, dropout=cfg.model.dropout)
     return get_method(cfg.method)(encoder, cfg.method_params)
