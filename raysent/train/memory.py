@@ -4,7 +4,7 @@ Every step allocates the same large tensors again: the word-embedding table's gr
 floats, 47 MB for MiniLM), hidden states, FFN activations. glibc serves allocations above its mmap
 threshold with fresh ``mmap`` pages and unmaps them when they are freed, so every step the kernel
 faults in and zeroes each 4 KiB page again: 11,446 page faults for that gradient alone, 9-13 % of a
-simcse-unsup step in a profile (``aten::fill_`` on fresh pages). PyTorch's CPU allocator can ask the
+simcse-unsup step in a profile on one machine (``aten::fill_`` on fresh pages), within the noise on another. PyTorch's CPU allocator can ask the
 kernel for transparent huge pages for tensors of 2 MB and more (its ``THP_MEM_ALLOC_ENABLE``
 environment variable, c10/core/alloc_cpu.cpp): the same tensor then faults in 2 MB at a time
 (716 faults; allocating and zeroing it took 4.2 ms instead of 11.0 ms here). The numbers computed do
