@@ -58,8 +58,14 @@ def ray_cluster():
     """
     import ray
 
+    from raysent.config import parse_config
+    from raysent.train.ray_train import init_ray
+
     if not ray.is_initialized():
-        ray.init(num_cpus=2, dashboard_host="127.0.0.1", include_dashboard=True, log_to_driver=False)
+        # started as `raysent train` / `raysent tune` start a local Ray (LOCAL_RAY_ENV included), a cluster in
+        # RAY_ADDRESS joined as it is
+        cfg = parse_config({"name": "tests", "method": "simcse-unsup", "model": {"name": RAW_BERT}}, source="<tests>")
+        init_ray(cfg, log_to_driver=False, num_cpus=2, include_dashboard=True)
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
 

@@ -178,6 +178,17 @@ def test_a_dying_worker_is_replaced_and_the_run_resumes_exactly(two_worker_run):
     assert (tmp / "crash" / "best" / "config.json").is_file()
 
 
+def test_workers_of_a_local_ray_train_at_the_drivers_priority(ray_cluster):
+    """Ray starts workers at nice 15 unless told otherwise; the session's Ray is started by init_ray, whose
+    RAY_worker_niceness=0 must reach the raylet, so training in a worker is not preempted by Ray's daemons."""
+    import ray
+
+    if os.environ.get("RAY_ADDRESS"):
+        pytest.skip("the tests joined a Ray cluster (RAY_ADDRESS): its workers' niceness is the cluster's")
+    nice = ray.remote(num_cpus=0.1)(lambda: os.nice(0))
+    assert ray.get(nice.remote()) == os.nice(0) == 0
+
+
 def test_a_local_ray_started_by_raysent_gets_its_train_settings_and_exported_values_win(monkeypatch):
     import ray
 
@@ -195,6 +206,7 @@ def test_a_local_ray_started_by_raysent_gets_its_train_settings_and_exported_val
     assert calls == [{"dashboard_host": "127.0.0.1", "log_to_driver": True, "num_cpus": 3}]
     assert os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] == "3"
     assert os.environ["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] == "0"
+    assert os.environ["RAY_worker_niceness"] == "0"
     # a cluster is joined as it is: no local settings, no local arguments
     monkeypatch.setenv("RAY_ADDRESS", "auto")
     monkeypatch.delenv("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER")
