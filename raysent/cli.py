@@ -625,8 +625,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--overhead-steps", type=int, default=bd.overhead_steps,
                    help=f"steps of the run the overhead part repeats four ways (default {bd.overhead_steps})")
     b.add_argument("--overhead-trials", type=int, default=bd.overhead_trials,
-                   help="Tune trials of each Tune way, one after another: the first starts Tune's trial process, "
-                        f"later ones reuse it (default {bd.overhead_trials})")
+                   help="Tune trials of each Tune way, one after another as a search runs them: trials training "
+                        "in their own process reuse the process of the trial before, trials running Ray Train "
+                        f"start their own (default {bd.overhead_trials})")
     b.add_argument("--eval-repeats", type=int, default=bd.eval_repeats,
                    help=f"runs of each evaluator, the fastest counts (default {bd.eval_repeats})")
     b.add_argument("--speedups", default=",".join(bd.speedups),

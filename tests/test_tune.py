@@ -148,3 +148,37 @@ def test_an_interrupted_search_resumes_with_no_trial_lost_or_repeated(ray_cluste
     summary = json.loads(done.stdout)
     assert summary["final"]["seeds"] == [1] and len(summary["best"]["configurations"]) == 2
     assert {k for k in summary["final"]["scores"] if "/" in k and k.count("/") == 1} == {"sts/stsb", "sts/avg"}
+
+
+ASHA_SEARCH = """\
+  algorithm: grid
+  seeds: 1
+  max_concurrent_trials: 1
+  scheduler: {type: asha, grace_period: 1, reduction_factor: 2}
+  space:
+    lr: {type: choice, values: [1.0e-9, 1.0e-4, 2.0e-4]}   # raw BERT's dev score (49.08) drops over the first
+                                                           # steps at 1e-4 (48.56 at step 2): ASHA stops those
+"""
+
+
+def test_trials_training_in_their_own_process_reuse_it_even_after_asha_stops_one(ray_cluster, tmp_path):
+    """`resources.workers: null` trials run one after another in one trial process (Tune's reuse_actors),
+    and a trial ASHA stopped mid-run hands that process on: no trial fails."""
+    from ray.tune import ExperimentAnalysis
+
+    from raysent.tune.search import tune_experiment
+
+    path = experiment(tmp_path, "asha", ASHA_SEARCH, "[1]", sts_sets="[stsb]")
+    text = open(path).read().replace("max_steps: 4,", "max_steps: 8,")
+    open(path, "w").write(text)
+    cfg = load_config(path)
+    assert cfg.resources.workers is None
+    summary = tune_experiment(cfg, quiet=True, final_only=False)
+    exp = tmp_path / "results" / "asha"
+    [state] = list((exp / "tune").glob("search-*"))
+    trials = ExperimentAnalysis(str(state)).trials
+    assert len(trials) == 3 and {t.status for t in trials} == {"TERMINATED"}, [(t.status, t.error_file) for t in trials]
+    assert len({t.last_result["pid"] for t in trials}) == 1  # one process for all three
+    iterations = sorted(t.last_result["training_iteration"] for t in trials)
+    assert iterations[0] < iterations[-1], iterations  # ASHA stopped at least one trial early
+    assert summary["best"]["hp"]["lr"] == pytest.approx(1.0e-9) and not summary["best"]["failed"]

@@ -60,7 +60,7 @@ class BenchOptions:
     parts: list[str] = field(default_factory=lambda: list(PARTS))
     methods: list[str] = field(default_factory=lambda: list(METHODS))
     overhead_steps: int = 200
-    overhead_trials: int = 2  # Tune trials per Tune way: the first starts Tune's trial process, later ones reuse it
+    overhead_trials: int = 2  # Tune trials per Tune way, one after another, as a search runs them
     eval_repeats: int = 2
     eval_max_length: int = 256
     eval_sets: list[str] = field(default_factory=lambda: list(STS_SETS))
@@ -252,7 +252,7 @@ def check_targets(result: dict) -> dict:
                                          TARGETS["simcse_unsup_vs_st_mnrl"]),
         "evaluation_speedup": entry(ev.get("speedup") if ev.get("equal_scores") else None,
                                     TARGETS["evaluation_speedup"]),
-        # a search's trials after its first (Tune's trial process reused): what each of its many trials costs
+        # a search's trials after its first (Tune started): what each of its many trials costs
         "tune_train_overhead": entry(ov.get("tune_trial_next_overhead", ov.get("tune_trial_overhead")),
                                      TARGETS["tune_train_overhead"], False),
         "sg_opt_cached_views": entry(sp.get("cache_views", {}).get("speedup"), TARGETS["sg_opt_cached_views"]),

@@ -10,9 +10,10 @@ The same run (config, seed, steps, dev evaluations, checkpoints, result.json) fo
 * ``tune_in_trial``: Ray Tune trials that train in the trial's own process, as a `raysent tune` trial
   with ``resources.workers: null`` does.
 
-The two Tune ways run ``trials`` trials one after another in one Tuner, as a search does: the first
-trial starts Tune's trial process, later ones reuse it (Tune's ``reuse_actors``, on for function
-trainables), so the later trials are what each of a search's hundreds of trials costs. Starting Ray
+The two Tune ways run ``trials`` trials one after another in one Tuner, as a search does, with the
+search's Tune settings: trials that train in their own process run in the process of the trial before
+(Tune's ``reuse_actors``, :func:`raysent.tune.search.reuse_trial_processes`), trials that run Ray Train
+each start a new one; the later trials are what each of a search's hundreds of trials costs. Starting Ray
 itself (``ray.init``) happens once per search and is reported apart. The overhead of a way is its wall
 time over the bare run's, minus one. Where the time goes on the Ray Train worker (start, model, data,
 steps, evaluations, checkpoints) comes from the run's own summary.
@@ -34,7 +35,7 @@ def _tune_trials(cfg, trials: int, trial_cpus: float, root: Path) -> list[float]
     from ray import tune
 
     from raysent.config import with_overrides
-    from raysent.tune.search import _train
+    from raysent.tune.search import _train, reuse_trial_processes
 
     env = {k: os.environ[k] for k in ("RAYSENT_DATA_DIR", "RAYSENT_MODEL_DIR") if k in os.environ}
 
@@ -45,7 +46,7 @@ def _tune_trials(cfg, trials: int, trial_cpus: float, root: Path) -> list[float]
 
     tuner = tune.Tuner(tune.with_resources(trial, {"CPU": trial_cpus}),
                        param_space={"i": tune.grid_search(list(range(trials)))},
-                       tune_config=tune.TuneConfig(max_concurrent_trials=1),
+                       tune_config=tune.TuneConfig(max_concurrent_trials=1, reuse_actors=reuse_trial_processes(cfg)),
                        run_config=tune.RunConfig(name="bench", storage_path=str(root / "state"), verbose=0))
     t0 = time.time()
     results = tuner.fit()
