@@ -89,3 +89,23 @@ def large_tensors_on_huge_pages() -> bool:
             elif inside and line.startswith("VmFlags:"):
                 return "hg" in line.split()[1:]
     return False
+
+
+def release_freed_memory() -> bool:
+    """Give memory that a finished run freed back to the OS: ``gc.collect()``, then glibc's ``malloc_trim(0)``.
+
+    For a process that runs one training after another (a Tune trial process reused by the next trial):
+    each trial trains in a new thread, which glibc may serve from another malloc arena, and the free space
+    the last run left in its arena is not handed back by itself. Measured (six 10-step simcse-unsup trials
+    in one reused trial process, paraphrase-MiniLM-L3-v2): RSS at a trial's start 431 → 1183 → 1451 →
+    1804 → 2093 → 1909 MB without this, 431 → 613-645 MB with it. Returns whether malloc_trim ran (False off
+    glibc)."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        return True
+    except (OSError, AttributeError):  # not glibc (macOS, musl)
+        return False

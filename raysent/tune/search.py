@@ -86,7 +86,9 @@ def run_trial(config: dict, ctx: dict) -> None:
     from ray import tune
 
     from raysent.tracking import log_training_run
+    from raysent.train.memory import release_freed_memory
 
+    release_freed_memory()  # this process may have run the trial before (reuse_trial_processes)
     for key, value in ctx.get("env", {}).items():
         if key not in os.environ or os.path.exists(value):
             os.environ[key] = value
