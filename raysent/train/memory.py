@@ -1,10 +1,13 @@
-"""Large CPU tensors on transparent huge pages (Linux): ``train.huge_pages``.
+"""CPU memory of a training process (Linux): large tensors on transparent huge pages (``train.huge_pages``),
+and the memory a finished run freed handed back before the next run in the same process
+(:func:`release_freed_memory`, for reused Tune trial processes).
 
 Every step allocates the same large tensors again: the word-embedding table's gradient (30,522 × 384
 floats, 47 MB for MiniLM), hidden states, FFN activations. glibc serves allocations above its mmap
 threshold with fresh ``mmap`` pages and unmaps them when they are freed, so every step the kernel
 faults in and zeroes each 4 KiB page again: 11,446 page faults for that gradient alone, 9-13 % of a
-simcse-unsup step in a profile on one machine (``aten::fill_`` on fresh pages), within the noise on another. PyTorch's CPU allocator can ask the
+simcse-unsup step in a profile on one machine (``aten::fill_`` on fresh pages), within the noise on
+another. PyTorch's CPU allocator can ask the
 kernel for transparent huge pages for tensors of 2 MB and more (its ``THP_MEM_ALLOC_ENABLE``
 environment variable, c10/core/alloc_cpu.cpp): the same tensor then faults in 2 MB at a time
 (716 faults; allocating and zeroing it took 4.2 ms instead of 11.0 ms here). The numbers computed do
