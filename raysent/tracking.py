@@ -89,16 +89,20 @@ def _params(values: dict) -> list:
 
 
 def log_training_run(uri: str, experiment_id: str, cfg: ExperimentConfig, record: dict,
-                     parent: str | None) -> str | None:
-    """One seed's run: params, the dev curve per evaluation step, test scores, config and result."""
+                     parent: str | None, status: str = "FINISHED", tags: dict | None = None) -> str | None:
+    """One seed's run: params, the dev curve per evaluation step, test scores, config and result
+    (``status`` ``KILLED`` and ``tags`` for a trial the scheduler stopped)."""
     from mlflow.entities import Metric
 
     try:
         c = client(uri)
+        transductive = record.get("transductive")
         run_id = start_run(uri, experiment_id, f"{record['phase']}-{record['config_id']}-seed{record['seed']}",
                            _tags(cfg, record["phase"], {"seed": record["seed"], "config_id": record["config_id"],
                                                         "trial_id": record.get("trial_id", ""),
-                                                        "transductive": str(bool(record.get("transductive"))).lower()}), parent)
+                                                        "transductive": "unknown" if transductive is None
+                                                        else str(bool(transductive)).lower(), **(tags or {})}),
+                           parent)
         now = int(record.get("finished_at", 0) * 1000)
         metrics = []
         for point in record.get("dev_curve", []):
@@ -113,7 +117,7 @@ def log_training_run(uri: str, experiment_id: str, cfg: ExperimentConfig, record
         c.log_batch(run_id, metrics=metrics, params=_params({**hyperparameters(cfg), "seed": record["seed"]}))
         c.log_text(run_id, cfg.to_yaml(), "config.yaml")
         c.log_dict(run_id, record, "result.json")
-        c.set_terminated(run_id)
+        c.set_terminated(run_id, status=status)
         return run_id
     except Exception as exc:  # noqa: BLE001 - tracking must never lose a finished run
         warnings.warn(f"MLflow ({redact(uri)}) did not record the run: {exc}; its JSON is in results/", stacklevel=2)

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -182,3 +183,30 @@ def test_trials_training_in_their_own_process_reuse_it_even_after_asha_stops_one
     iterations = sorted(t.last_result["training_iteration"] for t in trials)
     assert iterations[0] < iterations[-1], iterations  # ASHA stopped at least one trial early
     assert summary["best"]["hp"]["lr"] == pytest.approx(1.0e-9) and not summary["best"]["failed"]
+
+    # the trials ASHA stopped are recorded too: their dev curve up to the stop, as Tune received it, in
+    # stopped/ and in MLflow (KILLED); runs/ keeps the finished ones
+    from mlflow.tracking import MlflowClient
+
+    stopped = [t for t in trials if "raysent_record" not in t.last_result]
+    finished = [t for t in trials if "raysent_record" in t.last_result]
+    assert stopped and finished
+    assert sorted(json.loads(p.read_text())["trial_id"] for p in (exp / "runs").glob("search-*.json")) == \
+        sorted(t.trial_id for t in finished)
+    records = {r["trial_id"]: r for r in (json.loads(p.read_text()) for p in (exp / "stopped").glob("search-*.json"))}
+    assert sorted(records) == sorted(t.trial_id for t in stopped)
+    assert sorted(s["trial_id"] for s in summary["best"]["stopped"]) == sorted(records)
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'results' / 'mlflow.db'}")
+    for t in stopped:
+        rec = records[t.trial_id]
+        lines = (Path(t.path) / "result.json").read_text().splitlines()  # every result Tune received
+        reported = {r["step"]: r["dev_spearman"] for r in map(json.loads, lines) if "dev_spearman" in r}
+        assert [p["step"] for p in rec["dev_curve"]] == sorted(reported)
+        assert [p["dev_spearman"] for p in rec["dev_curve"]] == pytest.approx([reported[k] for k in sorted(reported)])
+        assert rec["stopped"]["at_step"] == t.last_result["step"] < 8 and rec["final_step"] == t.last_result["step"]
+        assert rec["best_dev_spearman"] == pytest.approx(max(p["dev_spearman"] for p in rec["dev_curve"]))
+        assert rec["hp"]["lr"] == pytest.approx(t.config["hp"]["lr"]) and rec["seed"] == 1
+        run = client.get_run(rec["mlflow_run_id"])
+        assert run.info.status == "KILLED" and run.data.tags["stopped_by"] == "scheduler"
+        assert [m.step for m in client.get_metric_history(run.info.run_id, "dev_spearman")] == \
+            [p["step"] for p in rec["dev_curve"]]

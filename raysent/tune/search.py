@@ -18,7 +18,8 @@ Final phase
 Records
     Every finished run writes ``results/<experiment>/runs/<phase>-<search>-<config>-seed<seed>.json``
     (atomic) and an MLflow run; a configuration's seeds are grouped under a run of their own, under
-    the search's parent run. A failed trial (NaN loss, out of memory, an exception) is marked failed
+    the search's parent run. A trial the scheduler stops gets its record (its dev curve up to the stop)
+    in ``stopped/`` and an MLflow run marked KILLED, written on the driver (:mod:`raysent.tune.stopped`). A failed trial (NaN loss, out of memory, an exception) is marked failed
     with its reason, and the search goes on. ``--resume`` continues an interrupted search
     (``Tuner.restore``): finished trials are kept, unfinished ones continue from their checkpoints.
 """
@@ -81,6 +82,34 @@ class TuneHooks(TrainHooks):
         tune.report({k: v for k, v in metrics.items() if isinstance(v, (int, float, bool))})
 
 
+def _trial(config: dict, ctx: dict, trial_id: str) -> tuple[dict, int, str, ExperimentConfig]:
+    """(hyperparameters, seed, config_id, resolved config) of one trial of the phase ``ctx`` describes."""
+    base = parse_config(ctx["config"], source=ctx["source"])
+    phase = ctx["phase"]
+    if phase == "search":
+        hp = decode(config, base.search.space)
+        seed = search_seed(base, int(config.get("__trial_index__", config.get("seed_index", 0))))
+    else:
+        hp, seed = dict(ctx["hp"]), int(config["seed"])
+    out = Path(ctx["exp_dir"]) / phase / ctx["run"] / (trial_id if phase == "search" else f"seed{seed}")
+    cfg = with_overrides(base, {**hp, "train.seed": seed, "train.output_dir": str(out)})
+    return hp, seed, config_id(hp), cfg
+
+
+def _record(ctx: dict, cfg: ExperimentConfig, hp: dict, seed: int, trial_id: str, summary: dict) -> dict:
+    """The run record of one (configuration, seed) from its run summary."""
+    return {
+        "experiment": Path(ctx["exp_dir"]).name, "phase": ctx["phase"], "search": ctx["run"],
+        "config_id": config_id(hp), "hp": hp, "seed": seed, "trial_id": trial_id, "method": cfg.method,
+        "model": cfg.model.name, "hyperparameters": hyperparameters(cfg), "transductive": summary.get("transductive"),
+        "best_dev_spearman": summary["best_dev_spearman"], "best_step": summary["best_step"],
+        "initial_dev": summary.get("initial_dev"), "dev_curve": summary.get("dev_curve", []),
+        "final_step": summary.get("final_step"), "train_seconds": summary.get("train_seconds"),
+        "sentences_per_second": summary.get("sentences_per_second"), "workers": summary.get("workers"),
+        "best_model_dir": summary.get("best_model_dir"), "config": cfg.to_dict(), "scores": {},
+    }
+
+
 def run_trial(config: dict, ctx: dict) -> None:
     """One (configuration, seed): train, evaluate (final phase: test sets), record, report to Tune."""
     from ray import tune
@@ -92,30 +121,12 @@ def run_trial(config: dict, ctx: dict) -> None:
     for key, value in ctx.get("env", {}).items():
         if key not in os.environ or os.path.exists(value):
             os.environ[key] = value
-    base = parse_config(ctx["config"], source=ctx["source"])
-    phase = ctx["phase"]
-    if phase == "search":
-        hp = decode(config, base.search.space)
-        seed = search_seed(base, int(config.get("__trial_index__", config.get("seed_index", 0))))
-    else:
-        hp, seed = dict(ctx["hp"]), int(config["seed"])
     trial_id = tune.get_context().get_trial_id()
-    cid = config_id(hp)
-    exp = Path(ctx["exp_dir"])
-    out = exp / phase / ctx["run"] / (trial_id if phase == "search" else f"seed{seed}")
-    cfg = with_overrides(base, {**hp, "train.seed": seed, "train.output_dir": str(out)})
+    hp, seed, cid, cfg = _trial(config, ctx, trial_id)
+    exp, phase = Path(ctx["exp_dir"]), ctx["phase"]
     started = time.time()
     summary = _train(cfg)
-    record = {
-        "experiment": exp.name, "phase": phase, "search": ctx["run"], "config_id": cid, "hp": hp, "seed": seed,
-        "trial_id": trial_id, "method": cfg.method, "model": cfg.model.name,
-        "hyperparameters": hyperparameters(cfg), "transductive": summary.get("transductive"),
-        "best_dev_spearman": summary["best_dev_spearman"], "best_step": summary["best_step"],
-        "initial_dev": summary.get("initial_dev"), "dev_curve": summary.get("dev_curve", []),
-        "final_step": summary.get("final_step"), "train_seconds": summary.get("train_seconds"),
-        "sentences_per_second": summary.get("sentences_per_second"), "workers": summary.get("workers"),
-        "best_model_dir": summary.get("best_model_dir"), "config": cfg.to_dict(), "scores": {},
-    }
+    record = _record(ctx, cfg, hp, seed, trial_id, summary)
     if phase == "final":
         record["eval"] = evaluate_final(cfg, summary["best_model_dir"])
         record["scores"] = record["eval"]["metrics"]
@@ -342,9 +353,13 @@ def run_search(cfg: ExperimentConfig, exp: Path, state: dict, mlflow: dict | Non
            "exp_dir": str(exp), "metric": metric, "mlflow": mlflow, "env": _env()}
     trainable = _trainable(cfg, ctx)
     searcher, param_space = _searcher(cfg, exp, run, metric)
-    scheduler = None
+    scheduler, callbacks = None, []
     if s.scheduler is not None:
         from ray.tune.schedulers import ASHAScheduler
+
+        from raysent.tune.stopped import StoppedTrials
+
+        callbacks.append(StoppedTrials(ctx))  # the trials ASHA stops get a record too
 
         scheduler = ASHAScheduler(time_attr="training_iteration", metric=metric, mode=s.mode, grace_period=s.scheduler.grace_period,
                                   reduction_factor=s.scheduler.reduction_factor,
@@ -364,7 +379,7 @@ def run_search(cfg: ExperimentConfig, exp: Path, state: dict, mlflow: dict | Non
                       tune_config=TuneConfig(search_alg=searcher, scheduler=scheduler,
                                              num_samples=n, max_concurrent_trials=s.max_concurrent_trials,
                                              reuse_actors=reuse_trial_processes(cfg)),
-                      run_config=RunConfig(name=f"search-{run}", storage_path=storage,
+                      run_config=RunConfig(name=f"search-{run}", storage_path=storage, callbacks=callbacks,
                                            failure_config=tune.FailureConfig(max_failures=0)))
     results = tuner.fit()
     _sync_records(results, exp)
@@ -426,7 +441,14 @@ def pick_best(cfg: ExperimentConfig, exp: Path, run: str, mlflow: dict | None, f
                                                    "best_dev_spearman_std": row["dev_std"]},
                               [r["mlflow_run_id"] for r in recs if r.get("mlflow_run_id")], mlflow["parent"])
     table.sort(key=lambda r: -sign * r["dev_mean"])
-    best = {**table[0], "configurations": table, "failed": failed}
+    from raysent.tune.stopped import STOPPED_DIR, stopped_records
+
+    stopped = [{"trial_id": r["trial_id"], "config_id": r["config_id"], "hp": r["hp"], "seed": r["seed"],
+                "best_dev_spearman": r["best_dev_spearman"], "at_step": r["stopped"]["at_step"]}
+               for r in stopped_records(exp, "search", run)]
+    if stopped:
+        say(f"{len(stopped)} trial(s) stopped early by the scheduler: records in {exp / STOPPED_DIR}")
+    best = {**table[0], "configurations": table, "failed": failed, "stopped": stopped}
     best_cfg = with_overrides(cfg, best["hp"]).to_dict()
     best_cfg.pop("search", None)
     (exp / "best.yaml").write_text(
@@ -489,7 +511,9 @@ def format_summary(summary: dict) -> str:
     if best and best.get("configurations"):
         lines.append(f"best configuration: {best['hp']}  dev {best['dev_mean']:.2f}"
                      + (f" ± {best['dev_std']:.2f}" if best["n"] > 1 else "") + f" over {best['n']} seed(s)")
-        lines.append(f"configurations tried: {len(best['configurations'])}, failed trials: {len(best['failed'])}")
+        lines.append(f"configurations finished: {len(best['configurations'])}, failed trials: {len(best['failed'])}"
+                     + (f", stopped early by the scheduler: {len(best['stopped'])} (stopped/)"
+                        if best.get("stopped") else ""))
     final = summary.get("final")
     if final:
         lines.append(f"final phase on seeds {final['seeds']}"

@@ -1,0 +1,103 @@
+"""The record of a trial the scheduler stops (ASHA): written on the driver, from what the trial reported.
+
+A trial ASHA stops never returns from :func:`raysent.tune.search.run_trial`: Tune ends its training
+thread at its next report (``sys.exit`` inside ``tune.report``), or ends its process. Without this its
+dev curve would be only in Tune's state, with no run file and no MLflow run. :class:`StoppedTrials`
+keeps each trial's reported evaluations and, when Tune completes a trial that did not send its run record
+(the last result of every trial that ran to its end carries it), writes
+``results/<experiment>/stopped/<phase>-<search>-<config>-seed<seed>-<trial>.json`` — the run record's
+fields, the curve up to the stop, ``stopped`` (by whom, at which step) — and an MLflow run marked
+``KILLED`` under the search's parent run. ``runs/`` stays one file per finished run (the tables average
+those); the search summary lists the stopped trials.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from ray.tune import Callback
+
+STOPPED_DIR = "stopped"
+
+
+def curve_point(result: dict) -> dict | None:
+    """The dev-curve point of a reported result (as the loop's ``dev_curve`` holds it), None if the
+    result is not an evaluation."""
+    if "dev_spearman" not in result or "step" not in result:
+        return None
+    return {"step": int(result["step"]),
+            **{k: v for k, v in result.items() if (k == "dev_spearman" or k.startswith("dev/"))}}
+
+
+class StoppedTrials(Callback):
+    """Records trials that end without their run record (stopped by the scheduler); see the module."""
+
+    def __init__(self, ctx: dict):
+        self.ctx = ctx
+        self.curves: dict[str, list[dict]] = {}
+        self.written: list[str] = []
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        point = curve_point(result)
+        if point is None:
+            return
+        curve = self.curves.setdefault(trial.trial_id, [])
+        if curve and curve[-1]["step"] == point["step"]:  # the end-of-run report repeats the last evaluation
+            curve[-1] = point
+        else:
+            curve.append(point)
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        from raysent.tune.search import RECORD_KEY
+
+        last = trial.last_result or {}
+        if last.get(RECORD_KEY):  # ran to its end: run_trial wrote and sent its record
+            return
+        try:
+            self.written.append(str(self.record(trial, last)))
+        except Exception as exc:  # noqa: BLE001 - the search goes on; Tune's state still has the results
+            import warnings
+
+            warnings.warn(f"could not record stopped trial {trial.trial_id}: {exc}", stacklevel=2)
+
+    def record(self, trial, last: dict) -> Path:
+        from raysent.tracking import log_training_run
+        from raysent.train.loop import write_json_atomic
+        from raysent.tune.search import _record, _trial
+
+        ctx = self.ctx
+        hp, seed, cid, cfg = _trial(trial.config, ctx, trial.trial_id)
+        curve = self.curves.get(trial.trial_id, [])
+        best = max(curve, key=lambda p: p["dev_spearman"]) if curve else None
+        out = cfg.output_dir()
+        summary = {"best_dev_spearman": last.get("best_dev_spearman", best["dev_spearman"] if best else None),
+                   "best_step": last.get("best_step", best["step"] if best else None),
+                   "dev_curve": curve, "final_step": last.get("step"), "workers": cfg.resources.workers or 1,
+                   "best_model_dir": str(out / "best") if (out / "best").is_dir() else None}
+        rec = _record(ctx, cfg, hp, seed, trial.trial_id, summary)
+        rec["wall_seconds"] = last.get("time_total_s")  # the trial's, until its last report
+        rec["stopped"] = {"by": "scheduler", "at_step": last.get("step"),
+                          "training_iteration": last.get("training_iteration"),
+                          "total_steps": cfg.train.max_steps}
+        rec["finished_at"] = time.time()
+        path = Path(ctx["exp_dir"]) / STOPPED_DIR / f"{ctx['phase']}-{ctx['run']}-{cid}-seed{seed}-{trial.trial_id}.json"
+        write_json_atomic(path, rec)
+        m = ctx.get("mlflow")
+        if m:
+            rec["mlflow_run_id"] = log_training_run(m["uri"], m["experiment_id"], cfg, rec, m["parent"],
+                                                    status="KILLED", tags={"stopped_by": "scheduler"})
+            write_json_atomic(path, rec)
+        return path
+
+    # Tune saves a callback's state with the experiment's: a resumed search keeps the curves so far
+    def get_state(self) -> dict:
+        return {"curves": self.curves}
+
+    def set_state(self, state: dict) -> None:
+        self.curves = dict(state.get("curves", {}))
+
+
+def stopped_records(exp: Path, phase: str, run: str) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((exp / STOPPED_DIR).glob(f"{phase}-{run}-*.json"))]
