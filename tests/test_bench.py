@@ -79,6 +79,29 @@ def test_bench_overhead_runs_the_same_training_four_ways(ray_cluster):
                           "machine": {"cpus": 2, "torch": "t", "torch_threads": 1, "cuda": None, "transformers": "t",
                                       "sentence_transformers": "s", "ray": "r"}, "overhead": r})
     assert "Tune trial training in its own process: each later one" in md and "until worker runs" in md
+    # the CPU Ray's processes took while each way ran: the busiest one trained
+    assert r["ray_train_cpu"]["trainer"] == "ray::RayTrainWorker" and r["ray_train_cpu"]["others_percent"] > 0
+    assert r["tune_in_trial_cpu"]["trainer"].startswith("ray::ImplicitFunc")
+    assert "CPU while the Ray Train run ran" in md
+
+
+def test_ray_cpu_counts_a_process_started_within_the_window_as_it_counts_itself():
+    """A process started inside the window (as Train's actors are) is counted from its start: its CPU time
+    agrees with what the process measured of itself."""
+    import subprocess
+    import sys
+
+    from raysent.bench.overhead import RayCpu
+
+    code = "import time\nt = time.time()\nwhile time.time() - t < 1.2: pass\nprint(time.process_time())"
+    with RayCpu(interval=0.1) as cpu:
+        idle = subprocess.Popen(["ray::Idle", "-c", "import time; time.sleep(2)"], executable=sys.executable)
+        busy = subprocess.run(["ray::Busy", "-c", code], executable=sys.executable, capture_output=True, text=True)
+        idle.wait()
+    s = cpu.summary()
+    assert s["trainer"] == "ray::Busy"
+    assert s["trainer_percent"] / 100 * cpu.wall == pytest.approx(float(busy.stdout), abs=0.06)
+    assert s["others"].get("ray::Idle", 0.0) < 5.0  # a sleeping process costs next to nothing
 
 
 def test_bench_options_are_checked():

@@ -386,6 +386,14 @@ def format_markdown(r: dict) -> str:
                 f"{k.replace('_seconds', '').replace('_', ' ')} {v:.1f} s" for k, v in ph.items()) +
                 " (the bare loop's: " + ", ".join(f"{k.replace('_seconds', '').replace('_', ' ')} {v:.1f} s"
                                                   for k, v in ov.get("bare_phases", {}).items()) + ").", ""]
+        for key, label in (("ray_train_cpu", "the Ray Train run"), ("tune_in_trial_cpu", "the Tune trials training in their own process")):
+            c = ov.get(key)
+            if c:
+                top = ", ".join(f"{k} {v:.1f}" for k, v in list(c["others"].items())[:6])
+                lines += [f"CPU while {label} ran (% of one core): the training process ({c['trainer']}) "
+                          f"{c['trainer_percent']:.1f}, Ray's {c['processes']} other processes and this one "
+                          f"{c['others_percent']:.1f} (most: {top}); with every core training, the loop loses about "
+                          "twice the latter.", ""]
         lines += [f"`ray.init` (once per search, not per trial): {_f(ov.get('ray_init_seconds'), '.1f', ' s')}; torch "
                   f"threads bare / on the Ray worker: {ov['torch_threads']['bare']} / {ov['torch_threads']['ray_train']}.",
                   ""]

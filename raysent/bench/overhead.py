@@ -29,6 +29,83 @@ import time
 from pathlib import Path
 
 
+class RayCpu:
+    """CPU time of this machine's Ray processes (and of this one) while a way runs, from /proc (Linux).
+
+    Read every ``interval`` seconds, so actors that start and end within the way (Train's controller and
+    workers) are counted, from their start. The busiest process is the one that trained; the rest is what
+    the orchestration itself took. On a machine whose cores all train, the loop loses about twice that:
+    each wake-up of another process stalls one torch thread, and the other waits for it at the next
+    barrier. ``summary()``: percent of one core over the way's wall time, the trainer apart, the other
+    processes grouped by name (None where /proc cannot be read)."""
+
+    def __init__(self, interval: float = 0.5):
+        import threading
+
+        self.interval = interval
+        self.start: dict[int, float] = {}
+        self.last: dict[int, tuple[str, float]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.wall = 0.0
+
+    @staticmethod
+    def _read() -> dict[int, tuple[str, float]]:
+        me, tick = os.getpid(), os.sysconf("SC_CLK_TCK")
+        out = {}
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+                pid = int(entry.name)
+                if pid != me and "ray" not in cmd:
+                    continue
+                with open(f"/proc/{entry.name}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:  # ended meanwhile
+                continue
+            name = cmd.split()[0] if cmd.startswith("ray::") else Path(cmd.split()[0]).name if cmd else "?"
+            if name.startswith("python") and len(cmd.split()) > 1:  # python …/ray/…/x.py: the script's name
+                name = Path(next((a for a in cmd.split()[1:] if not a.startswith("-")), name)).name
+            out[pid] = (name, (int(fields[11]) + int(fields[12])) / tick)
+        return out
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.last.update(self._read())
+
+    def __enter__(self) -> "RayCpu":
+        self.t0 = time.perf_counter()
+        if os.path.isdir("/proc"):
+            self.start = {pid: cpu for pid, (_, cpu) in self._read().items()}
+            self.last = {}
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.wall = time.perf_counter() - self.t0
+        if self._thread.is_alive():
+            self._stop.set()
+            self._thread.join()
+            self.last.update(self._read())
+
+    def summary(self) -> dict | None:
+        if not self.last or self.wall <= 0:
+            return None
+        used = {pid: (name, cpu - self.start.get(pid, 0.0)) for pid, (name, cpu) in self.last.items()}
+        trainer = max(used, key=lambda pid: used[pid][1])
+        others: dict[str, float] = {}
+        for pid, (name, cpu) in used.items():
+            if pid != trainer:
+                others[name] = others.get(name, 0.0) + cpu
+        pct = lambda cpu: round(100.0 * cpu / self.wall, 2)  # noqa: E731
+        return {"trainer": used[trainer][0], "trainer_percent": pct(used[trainer][1]),
+                "others_percent": pct(sum(others.values())), "processes": len(used) - 1,
+                "others": {k: pct(v) for k, v in sorted(others.items(), key=lambda kv: -kv[1]) if pct(v) >= 0.1}}
+
+
 def _tune_trials(cfg, trials: int, trial_cpus: float, root: Path) -> list[float]:
     """Wall seconds of each of ``trials`` sequential Tune trials training ``cfg`` (the first one from the
     Tuner's start, each later one from the end of the one before)."""
@@ -95,8 +172,10 @@ def bench_overhead(raw_config: dict, steps: int, cpus: float, trials: int = 2, s
                                         "resources.trial_cpus": 0.1})
         say(f"  Ray Train, 1 worker: {steps} steps")
         t0, t0_unix = time.perf_counter(), time.time()
-        ray_run = train_with_ray(with_overrides(ray_cfg, {"train.output_dir": str(root / "train")}), quiet=True)
+        with RayCpu() as cpu:
+            ray_run = train_with_ray(with_overrides(ray_cfg, {"train.output_dir": str(root / "train")}), quiet=True)
         out["ray_train_seconds"] = time.perf_counter() - t0
+        out["ray_train_cpu"] = cpu.summary()
         out["ray_train_train_seconds"] = ray_run["train_seconds"]
         start = ray_run["startup"]
         out["ray_train_phases"] = {"until_worker_runs": start["entered_unix"] - t0_unix,
@@ -108,7 +187,9 @@ def bench_overhead(raw_config: dict, steps: int, cpus: float, trials: int = 2, s
         out["tune_trial_each"] = _tune_trials(ray_cfg, trials, 0.1, root / "tune")
         say(f"  {trials} Ray Tune trials, each training in its own process: {steps} steps each")
         in_trial = with_overrides(base, {"resources.workers": None})
-        out["tune_in_trial_each"] = _tune_trials(in_trial, trials, cpus, root / "tune-in-trial")
+        with RayCpu() as cpu:
+            out["tune_in_trial_each"] = _tune_trials(in_trial, trials, cpus, root / "tune-in-trial")
+        out["tune_in_trial_cpu"] = cpu.summary()
     finally:
         shutil.rmtree(root, ignore_errors=True)
     for way in ("tune_trial", "tune_in_trial"):
