@@ -16,7 +16,8 @@ search's Tune settings: trials that train in their own process run in the proces
 each start a new one; the later trials are what each of a search's hundreds of trials costs. Starting Ray
 itself (``ray.init``) happens once per search and is reported apart. The overhead of a way is its wall
 time over the bare run's, minus one. Where the time goes on the Ray Train worker (start, model, data,
-steps, evaluations, checkpoints) comes from the run's own summary.
+steps, evaluations, checkpoints) comes from the run's own summary; what the other Ray processes took
+while the Ray Train run and the in-process trials ran, from /proc (:class:`RayCpu`).
 """
 
 from __future__ import annotations
