@@ -3,8 +3,8 @@
 A trial ASHA stops never returns from :func:`raysent.tune.search.run_trial`: Tune ends its training
 thread at its next report (``sys.exit`` inside ``tune.report``), or ends its process. Without this its
 dev curve would be only in Tune's state, with no run file and no MLflow run. :class:`StoppedTrials`
-keeps each trial's reported evaluations and, when Tune completes a trial that did not send its run record
-(the last result of every trial that ran to its end carries it), writes
+keeps each trial's reported evaluations and, when Tune completes a trial that reported evaluations but
+not its run record (the last result of every trial that ran to its end carries it), writes
 ``results/<experiment>/stopped/<phase>-<search>-<config>-seed<seed>-<trial>.json`` — the run record's
 fields, the curve up to the stop, ``stopped`` (by whom, at which step) — and an MLflow run marked
 ``KILLED`` under the search's parent run. ``runs/`` stays one file per finished run (the tables average
@@ -53,8 +53,8 @@ class StoppedTrials(Callback):
         from raysent.tune.search import RECORD_KEY
 
         last = trial.last_result or {}
-        if last.get(RECORD_KEY):  # ran to its end: run_trial wrote and sent its record
-            return
+        if last.get(RECORD_KEY) or not self.curves.get(trial.trial_id):
+            return  # ran to its end (run_trial wrote and sent its record), or ended before any evaluation
         try:
             self.written.append(str(self.record(trial, last)))
         except Exception as exc:  # noqa: BLE001 - the search goes on; Tune's state still has the results
