@@ -19,8 +19,9 @@ Records
     Every finished run writes ``results/<experiment>/runs/<phase>-<search>-<config>-seed<seed>.json``
     (atomic) and an MLflow run; a configuration's seeds are grouped under a run of their own, under
     the search's parent run. A trial the scheduler stops gets its record (its dev curve up to the stop)
-    in ``stopped/`` and an MLflow run marked KILLED, written on the driver (:mod:`raysent.tune.stopped`). A failed trial (NaN loss, out of memory, an exception) is marked failed
-    with its reason, and the search goes on. ``--resume`` continues an interrupted search
+    in ``stopped/`` and an MLflow run marked KILLED, written on the driver (:mod:`raysent.tune.stopped`).
+    A failed trial (NaN loss, out of memory, an exception) is marked failed with its reason, and the
+    search goes on. ``--resume`` continues an interrupted search
     (``Tuner.restore``): finished trials are kept, unfinished ones continue from their checkpoints.
 """
 
@@ -110,11 +111,22 @@ def _record(ctx: dict, cfg: ExperimentConfig, hp: dict, seed: int, trial_id: str
     }
 
 
+def _save_record(path: Path, record: dict, cfg: ExperimentConfig, ctx: dict, **mlflow_run) -> None:
+    """Write the run record (atomic), log its MLflow run (``mlflow_run``: status, tags) and write it again
+    with the run's id: the record is on disk even when MLflow fails."""
+    from raysent.tracking import log_training_run
+
+    write_json_atomic(path, record)
+    m = ctx.get("mlflow")
+    if m:
+        record["mlflow_run_id"] = log_training_run(m["uri"], m["experiment_id"], cfg, record, m["parent"], **mlflow_run)
+        write_json_atomic(path, record)
+
+
 def run_trial(config: dict, ctx: dict) -> None:
     """One (configuration, seed): train, evaluate (final phase: test sets), record, report to Tune."""
     from ray import tune
 
-    from raysent.tracking import log_training_run
     from raysent.train.memory import release_freed_memory
 
     release_freed_memory()  # this process may have run the trial before (reuse_trial_processes)
@@ -132,12 +144,7 @@ def run_trial(config: dict, ctx: dict) -> None:
         record["scores"] = record["eval"]["metrics"]
     record["wall_seconds"] = time.time() - started
     record["finished_at"] = time.time()
-    path = exp / "runs" / f"{phase}-{ctx['run']}-{cid}-seed{seed}.json"
-    write_json_atomic(path, record)
-    if ctx.get("mlflow"):
-        m = ctx["mlflow"]
-        record["mlflow_run_id"] = log_training_run(m["uri"], m["experiment_id"], cfg, record, m["parent"])
-        write_json_atomic(path, record)
+    _save_record(exp / "runs" / f"{phase}-{ctx['run']}-{cid}-seed{seed}.json", record, cfg, ctx)
     # the record also travels in the result: on a cluster this trial may run on another node, whose disk the
     # driver cannot read; the driver writes every record it gets back into its own results/<exp>/runs
     tune.report({ctx["metric"]: record["best_dev_spearman"] if ctx["metric"] == "best_dev_spearman"
@@ -413,8 +420,8 @@ def tune_storage(cfg: ExperimentConfig, exp: Path) -> str:
     return str(exp / "tune")
 
 
-def _records(exp: Path, phase: str, run: str) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted((exp / "runs").glob(f"{phase}-{run}-*.json"))]
+def _records(exp: Path, phase: str, run: str, folder: str = "runs") -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((exp / folder).glob(f"{phase}-{run}-*.json"))]
 
 
 def pick_best(cfg: ExperimentConfig, exp: Path, run: str, mlflow: dict | None, failed: list, say) -> dict:
@@ -441,11 +448,11 @@ def pick_best(cfg: ExperimentConfig, exp: Path, run: str, mlflow: dict | None, f
                                                    "best_dev_spearman_std": row["dev_std"]},
                               [r["mlflow_run_id"] for r in recs if r.get("mlflow_run_id")], mlflow["parent"])
     table.sort(key=lambda r: -sign * r["dev_mean"])
-    from raysent.tune.stopped import STOPPED_DIR, stopped_records
+    from raysent.tune.stopped import STOPPED_DIR
 
     stopped = [{"trial_id": r["trial_id"], "config_id": r["config_id"], "hp": r["hp"], "seed": r["seed"],
                 "best_dev_spearman": r["best_dev_spearman"], "at_step": r["stopped"]["at_step"]}
-               for r in stopped_records(exp, "search", run)]
+               for r in _records(exp, "search", run, STOPPED_DIR)]
     if stopped:
         say(f"{len(stopped)} trial(s) stopped early by the scheduler: records in {exp / STOPPED_DIR}")
     best = {**table[0], "configurations": table, "failed": failed, "stopped": stopped}

@@ -13,7 +13,6 @@ those); the search summary lists the stopped trials.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -37,7 +36,6 @@ class StoppedTrials(Callback):
     def __init__(self, ctx: dict):
         self.ctx = ctx
         self.curves: dict[str, list[dict]] = {}
-        self.written: list[str] = []
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         point = curve_point(result)
@@ -56,24 +54,22 @@ class StoppedTrials(Callback):
         if last.get(RECORD_KEY) or not self.curves.get(trial.trial_id):
             return  # ran to its end (run_trial wrote and sent its record), or ended before any evaluation
         try:
-            self.written.append(str(self.record(trial, last)))
+            self.record(trial, last)
         except Exception as exc:  # noqa: BLE001 - the search goes on; Tune's state still has the results
             import warnings
 
             warnings.warn(f"could not record stopped trial {trial.trial_id}: {exc}", stacklevel=2)
 
     def record(self, trial, last: dict) -> Path:
-        from raysent.tracking import log_training_run
-        from raysent.train.loop import write_json_atomic
-        from raysent.tune.search import _record, _trial
+        from raysent.tune.search import _record, _save_record, _trial
 
         ctx = self.ctx
         hp, seed, cid, cfg = _trial(trial.config, ctx, trial.trial_id)
-        curve = self.curves.get(trial.trial_id, [])
-        best = max(curve, key=lambda p: p["dev_spearman"]) if curve else None
+        curve = self.curves[trial.trial_id]
+        best = max(curve, key=lambda p: p["dev_spearman"])
         out = cfg.output_dir()
-        summary = {"best_dev_spearman": last.get("best_dev_spearman", best["dev_spearman"] if best else None),
-                   "best_step": last.get("best_step", best["step"] if best else None),
+        summary = {"best_dev_spearman": last.get("best_dev_spearman", best["dev_spearman"]),
+                   "best_step": last.get("best_step", best["step"]),
                    "dev_curve": curve, "final_step": last.get("step"), "workers": cfg.resources.workers or 1,
                    "best_model_dir": str(out / "best") if (out / "best").is_dir() else None}
         rec = _record(ctx, cfg, hp, seed, trial.trial_id, summary)
@@ -83,12 +79,7 @@ class StoppedTrials(Callback):
                           "total_steps": cfg.train.max_steps}
         rec["finished_at"] = time.time()
         path = Path(ctx["exp_dir"]) / STOPPED_DIR / f"{ctx['phase']}-{ctx['run']}-{cid}-seed{seed}-{trial.trial_id}.json"
-        write_json_atomic(path, rec)
-        m = ctx.get("mlflow")
-        if m:
-            rec["mlflow_run_id"] = log_training_run(m["uri"], m["experiment_id"], cfg, rec, m["parent"],
-                                                    status="KILLED", tags={"stopped_by": "scheduler"})
-            write_json_atomic(path, rec)
+        _save_record(path, rec, cfg, ctx, status="KILLED", tags={"stopped_by": "scheduler"})
         return path
 
     # Tune saves a callback's state with the experiment's: a resumed search keeps the curves so far
@@ -97,7 +88,3 @@ class StoppedTrials(Callback):
 
     def set_state(self, state: dict) -> None:
         self.curves = dict(state.get("curves", {}))
-
-
-def stopped_records(exp: Path, phase: str, run: str) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted((exp / STOPPED_DIR).glob(f"{phase}-{run}-*.json"))]
