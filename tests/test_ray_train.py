@@ -8,6 +8,7 @@ import json
 import os
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -166,7 +167,11 @@ def test_a_dying_worker_is_replaced_and_the_run_resumes_exactly(two_worker_run):
     cfg = with_overrides(load_config(tmp / "exp.yaml"), {"train.output_dir": str(tmp / "crash")})
     summary = train_with_ray(cfg, quiet=True, fail_at_step=15)  # the last worker raises at step 15
     assert summary["resumed_at_step"] == 10  # replaced, and resumed from the step-10 checkpoint
-    assert uninterrupted["resumed_at_step"] is None
+    assert uninterrupted["resumed_at_step"] is uninterrupted["resumed_from"] is None
+    # read where Ray keeps it in the run's folder (a copy per worker and restart would be a model and its
+    # optimizer state of disk each, left behind by a worker that dies)
+    ray_run = tmp / "crash" / "ray" / "run"
+    assert Path(summary["resumed_from"]).is_relative_to(ray_run) and not list(ray_run.rglob(".restore-*"))
     assert summary["final_step"] == uninterrupted["final_step"] == 20
     assert summary["best_dev_spearman"] == pytest.approx(uninterrupted["best_dev_spearman"], abs=1e-9)
     assert [c["dev_spearman"] for c in summary["dev_curve"]] == pytest.approx(
@@ -174,6 +179,7 @@ def test_a_dying_worker_is_replaced_and_the_run_resumes_exactly(two_worker_run):
     # --resume of a run that has finished: nothing left to train, the same result and best model again
     again = train_with_ray(cfg, resume=True, quiet=True)
     assert again["resumed_at_step"] == again["final_step"] == 20
+    assert Path(again["resumed_from"]).is_relative_to(ray_run)
     assert again["best_dev_spearman"] == pytest.approx(summary["best_dev_spearman"], abs=1e-9)
     assert (tmp / "crash" / "best" / "config.json").is_file()
 

@@ -42,6 +42,11 @@ def _cuda_peak_mib(torch) -> float | None:
 
 
 def method_case(spec: dict) -> dict:
+    with tempfile.TemporaryDirectory(prefix="raysent-bench-") as scratch:
+        return _method_case(spec, scratch)
+
+
+def _method_case(spec: dict, scratch: str) -> dict:
     import torch
 
     from raysent.config import parse_config
@@ -56,7 +61,7 @@ def method_case(spec: dict) -> dict:
     total = warmup + steps
     method = build_method(cfg)
     data, groups, info = prepare_data(cfg, method)
-    hooks = TrainHooks(tempfile.mkdtemp(prefix="raysent-bench-"), quiet=True)
+    hooks = TrainHooks(scratch, quiet=True)
     method.to(hooks.device)
     optimizer, scheduler = build_optimizer(cfg, method, total)
     stepper = Stepper(cfg, method, hooks, optimizer, scheduler)
@@ -96,6 +101,11 @@ def method_case(spec: dict) -> dict:
 
 
 def st_mnrl_case(spec: dict) -> dict:
+    with tempfile.TemporaryDirectory(prefix="raysent-bench-st-") as scratch:
+        return _st_mnrl_case(spec, scratch)
+
+
+def _st_mnrl_case(spec: dict, scratch: str) -> dict:
     import torch
     from datasets import Dataset
     from sentence_transformers import (SentenceTransformer, SentenceTransformerTrainer,
@@ -126,7 +136,7 @@ def st_mnrl_case(spec: dict) -> dict:
             stamps.append(time.perf_counter())
 
     args = SentenceTransformerTrainingArguments(
-        output_dir=tempfile.mkdtemp(prefix="raysent-bench-st-"), per_device_train_batch_size=b, max_steps=total,
+        output_dir=scratch, per_device_train_batch_size=b, max_steps=total,
         learning_rate=float(spec["lr"]), warmup_ratio=0.0, lr_scheduler_type="linear", logging_strategy="no",
         save_strategy="no", eval_strategy="no", report_to="none", dataloader_drop_last=True, seed=42,
         disable_tqdm=True, use_cpu=not torch.cuda.is_available(), bf16=spec.get("precision") == "bf16")

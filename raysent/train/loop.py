@@ -86,9 +86,14 @@ class TrainHooks:
         return value
 
     # where checkpoints go
+    restored_from: str | None = None  # the checkpoint restore_dir found (its own path or URI, not a local copy)
+
     def restore_dir(self) -> Path | None:
         ckpt = self.output_dir / "checkpoint"
-        return ckpt if self.resume and (ckpt / STATE_FILE).is_file() else None
+        if self.resume and (ckpt / STATE_FILE).is_file():
+            self.restored_from = str(ckpt)
+            return ckpt
+        return None
 
     def scratch_dir(self) -> Path:
         self.output_dir.mkdir(parents=True, exist_ok=True)
@@ -245,7 +250,7 @@ def run_training(cfg: ExperimentConfig, method: Method, data: TokenizedData, dev
         if best_dir is not None and (restored / BEST_DIR).is_dir() and restored.resolve() != scratch.resolve():
             shutil.rmtree(best_dir, ignore_errors=True)
             _link_tree(restored / BEST_DIR, best_dir)
-        hooks.log(f"resumed from {restored} at step {state.step} (best dev {state.best_score:.2f} at "
+        hooks.log(f"resumed from {hooks.restored_from} at step {state.step} (best dev {state.best_score:.2f} at "
                   f"step {state.best_step})")
         fail_at_step = None
         resumed_at = state.step
@@ -371,6 +376,7 @@ def run_training(cfg: ExperimentConfig, method: Method, data: TokenizedData, dev
         "total_steps": total,
         "stopped_early": state.stopped_early,
         "resumed_at_step": resumed_at,
+        "resumed_from": hooks.restored_from if resumed_at is not None else None,
         "initial_dev": state.initial_dev,
         "dev_curve": state.dev_curve,
         "loss_curve": state.loss_curve,

@@ -63,6 +63,7 @@ class RayHooks(TrainHooks):
         self.gather_negatives = cfg.train.gather_negatives
         self._scratch: Path | None = None
         self._last: Path | None = None
+        self._copy: Path | None = None  # a downloaded copy of the checkpoint resumed from (remote storage)
         # on a local (or NFS) storage path, checkpoints are written straight into Ray's experiment folder and
         # reported without an upload (no copy of model + optimizer at every evaluation); elsewhere (s3://, gs://)
         # they are written to a temporary folder and uploaded by Ray
@@ -141,14 +142,30 @@ class RayHooks(TrainHooks):
         ckpt = ray.train.get_checkpoint()
         if ckpt is None:
             return None
-        local = Path(tempfile.mkdtemp(prefix="raysent-restore-"))
-        ckpt.to_directory(str(local))
+        if self._in_storage is not None and Path(ckpt.path).is_dir():
+            # a checkpoint in the experiment folder on this file system is read where Ray keeps it: a copy would
+            # cost a model plus optimizer of disk per worker and per restart (and outlive a worker that dies)
+            local = Path(ckpt.path)
+        else:
+            local = Path(tempfile.mkdtemp(dir=self.scratch_dir(), prefix=".restore-"))
+            ckpt.to_directory(str(local))
+            self._copy = local
         if not (local / STATE_FILE).is_file():
+            self._drop_copy()
             return None
+        self.restored_from = ckpt.path
         # the newest checkpoint until this worker reports one: a resumed run with nothing left to train
         # builds its final checkpoint (state and best model) from it
         self._last = local
         return local
+
+    def _drop_copy(self) -> None:
+        """Delete this worker's downloaded copy of the checkpoint it resumed from."""
+        if self._copy is not None:
+            shutil.rmtree(self._copy, ignore_errors=True)
+            if self._last == self._copy:
+                self._last = None
+            self._copy = None
 
     def scratch_dir(self) -> Path:
         if self._scratch is None:
@@ -168,15 +185,16 @@ class RayHooks(TrainHooks):
             if self._in_storage is not None and Path(checkpoint_dir).is_relative_to(self._in_storage):
                 # already in Ray's experiment folder: registered where it is; Ray's num_to_keep deletes old ones
                 ray.train.report(clean, checkpoint=checkpoint, checkpoint_upload_mode=ray.train.CheckpointUploadMode.NO_UPLOAD)
-                if self._last is not None and not self._last.is_relative_to(self._in_storage):
-                    shutil.rmtree(self._last, ignore_errors=True)  # a restored copy, no longer the newest
             else:
                 ray.train.report(clean, checkpoint=checkpoint)
-                if self._last is not None:  # keep the newest one: the final checkpoint is built from it
+                if self._last is not None and self._last != self._copy:  # uploaded by Ray: this copy is done
                     shutil.rmtree(self._last, ignore_errors=True)
+            self._drop_copy()  # no longer the newest (the final checkpoint is built from the newest)
             self._last = Path(checkpoint_dir)
         else:
             ray.train.report(clean)
+            if self.rank != 0:  # only rank 0 writes checkpoints: other workers need their copy only to load it
+                self._drop_copy()
         if "dev_spearman" in metrics and not metrics.get("finished"):
             from raysent.train.loop import _format_eval
 
@@ -198,8 +216,8 @@ class RayHooks(TrainHooks):
             final.mkdir(exist_ok=True)
             (final / SUMMARY_FILE).write_text(json.dumps(summary, default=str))
         self.report({**metrics, "finished": True}, final)
-        if self.rank == 0 and self._scratch is not None:
-            if self._in_storage is not None:  # the checkpoints in it are Ray's now; the rest goes
+        if self._scratch is not None:
+            if self._in_storage is not None and self.rank == 0:  # its checkpoints are Ray's now; the rest goes
                 shutil.rmtree(self._scratch / BEST_DIR, ignore_errors=True)
             else:
                 shutil.rmtree(self._scratch, ignore_errors=True)
