@@ -221,6 +221,9 @@ class SearchConfig(Strict):
                        "sees their mean")
     scheduler: SchedulerConfig | None = None
     max_concurrent_trials: int = Field(1, gt=0)
+    keep_checkpoints: bool = Field(False, description="keep each finished trial's training checkpoints (model "
+                                   "and optimizer state, read only to resume that trial); by default they are "
+                                   "deleted once its run record and best model are saved")
 
     @model_validator(mode="after")
     def _conditions(self):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import textwrap
 from pathlib import Path
@@ -182,6 +183,19 @@ def test_a_dying_worker_is_replaced_and_the_run_resumes_exactly(two_worker_run):
     assert Path(again["resumed_from"]).is_relative_to(ray_run)
     assert again["best_dev_spearman"] == pytest.approx(summary["best_dev_spearman"], abs=1e-9)
     assert (tmp / "crash" / "best" / "config.json").is_file()
+
+    # what a search does with a trial the scheduler stopped: its best model out of its newest checkpoint, then
+    # (as with every finished trial) the checkpoints deleted; nothing left to take after that
+    from raysent.train.ray_train import take_best_model_of_run
+    from raysent.train.run import delete_checkpoints
+
+    shutil.rmtree(tmp / "crash" / "best")
+    assert take_best_model_of_run(cfg)
+    kept = json.loads((tmp / "crash" / "best" / "raysent.json").read_text())
+    assert kept["dev_spearman"] == pytest.approx(again["best_dev_spearman"], abs=1e-9)
+    delete_checkpoints(cfg)
+    assert not (tmp / "crash" / "ray").exists() and (tmp / "crash" / "best" / "model.safetensors").is_file()
+    assert not take_best_model_of_run(cfg)
 
 
 def test_workers_of_a_local_ray_train_at_the_drivers_priority(ray_cluster):

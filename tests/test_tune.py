@@ -95,6 +95,10 @@ def test_search_seeds_failures_final_phase_and_mlflow(ray_cluster, tmp_path):
     assert summary["final"]["scores"]["sts/stsb"]["mean"] == pytest.approx(np.mean(stsb))
     assert summary["final"]["scores"]["sts/stsb"]["std"] == pytest.approx(np.std(stsb, ddof=1))
     assert (exp / "best.yaml").is_file()
+    # each finished trial keeps its best model; its resume checkpoint (model + optimizer) is deleted
+    for r in records:
+        assert (Path(r["best_model_dir"]) / "model.safetensors").is_file()
+        assert not (Path(r["best_model_dir"]).parent / "checkpoint").exists()
 
     # MLflow: a run per seed under a run per configuration under the search's parent run
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'results' / 'mlflow.db'}")
@@ -114,6 +118,7 @@ def test_search_seeds_failures_final_phase_and_mlflow(ray_cluster, tmp_path):
 
 RESUME_SEARCH = """\
   algorithm: optuna
+  keep_checkpoints: true
   num_samples: 2
   seeds: 2
   max_concurrent_trials: 1
@@ -142,6 +147,7 @@ def test_an_interrupted_search_resumes_with_no_trial_lost_or_repeated(ray_cluste
     records = [json.loads(p.read_text()) for p in runs.glob("search-*.json")]
     # 2 configurations x 2 seeds, each run exactly once
     assert len(records) == 4 and len({r["trial_id"] for r in records}) == 4
+    assert all((Path(r["best_model_dir"]).parent / "checkpoint" / "state.pt").is_file() for r in records)  # kept
     by_config: dict = {}
     for r in records:
         by_config.setdefault(r["config_id"], []).append(r["seed"])
@@ -206,6 +212,10 @@ def test_trials_training_in_their_own_process_reuse_it_even_after_asha_stops_one
         assert rec["stopped"]["at_step"] == t.last_result["step"] < 8 and rec["final_step"] == t.last_result["step"]
         assert rec["best_dev_spearman"] == pytest.approx(max(p["dev_spearman"] for p in rec["dev_curve"]))
         assert rec["hp"]["lr"] == pytest.approx(t.config["hp"]["lr"]) and rec["seed"] == 1
+        # its best model so far is kept, its checkpoint deleted (Tune does not resume a stopped trial)
+        best = Path(rec["best_model_dir"])
+        assert json.loads((best / "raysent.json").read_text())["dev_spearman"] == pytest.approx(rec["best_dev_spearman"])
+        assert not (best.parent / "checkpoint").exists()
         run = client.get_run(rec["mlflow_run_id"])
         assert run.info.status == "KILLED" and run.data.tags["stopped_by"] == "scheduler"
         assert [m.step for m in client.get_metric_history(run.info.run_id, "dev_spearman")] == \

@@ -300,8 +300,9 @@ def run_location(cfg: ExperimentConfig) -> tuple[str, str]:
     return str(out / "ray"), "run"
 
 
-def _delete_run(storage_path: str, name: str) -> None:
-    """A fresh (not resumed) run must not pick up an earlier run's checkpoints."""
+def delete_run(storage_path: str, name: str) -> None:
+    """Delete a run's folder in Ray's storage: a fresh (not resumed) run must not pick up an earlier run's
+    checkpoints, and a search deletes a finished trial's (``search.keep_checkpoints``)."""
     import pyarrow.fs as pafs
 
     fs, root = pafs.FileSystem.from_uri(storage_path if "://" in storage_path else
@@ -335,7 +336,7 @@ def make_trainer(cfg: ExperimentConfig, resume: bool = False, quiet: bool = Fals
     per_worker = {"CPU": r.cpus_per_worker, **({"GPU": r.gpus_per_worker} if use_gpu else {})}
     storage, name = run_location(cfg)
     if not resume:
-        _delete_run(storage, name)
+        delete_run(storage, name)
     loop_config = {"config": cfg.to_dict(), "quiet": quiet, "env": worker_env(), "fail_at_step": fail_at_step}
     return TorchTrainer(
         _train_worker,
@@ -348,6 +349,23 @@ def make_trainer(cfg: ExperimentConfig, resume: bool = False, quiet: bool = Fals
     )
 
 
+def take_best_model(checkpoint, out: Path) -> dict | None:
+    """Put the best model of a Ray Train checkpoint in <out>/best (replaced atomically; hard links where the
+    checkpoint is on this file system); returns the run summary the checkpoint holds (the final one has it)."""
+    out.mkdir(parents=True, exist_ok=True)
+    with checkpoint.as_directory() as d:
+        d = Path(d)
+        if not (d / BEST_DIR).is_dir():
+            raise RaysentError(f"checkpoint {checkpoint.path} holds no best model")
+        tmp = Path(tempfile.mkdtemp(dir=out, prefix=".best-"))
+        shutil.rmtree(tmp)
+        _link_tree(d / BEST_DIR, tmp)
+        summary = json.loads((d / SUMMARY_FILE).read_text()) if (d / SUMMARY_FILE).is_file() else None
+    shutil.rmtree(out / BEST_DIR, ignore_errors=True)
+    tmp.rename(out / BEST_DIR)
+    return summary
+
+
 def collect(cfg: ExperimentConfig, result, t0: float) -> dict:
     """Copy the best model out of the final checkpoint, write result.json, return the summary."""
     if result.error is not None:
@@ -355,18 +373,28 @@ def collect(cfg: ExperimentConfig, result, t0: float) -> dict:
     if result.checkpoint is None:
         raise RaysentError(f"training {cfg.name} on Ray Train reported no checkpoint")
     out = cfg.output_dir().resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    with result.checkpoint.as_directory() as d:
-        d = Path(d)
-        summary = json.loads((d / SUMMARY_FILE).read_text())
-        tmp = Path(tempfile.mkdtemp(dir=out, prefix=".best-"))
-        shutil.rmtree(tmp)
-        _link_tree(d / "best", tmp)  # hard links where the checkpoint is on this file system
-    shutil.rmtree(out / "best", ignore_errors=True)
-    tmp.rename(out / "best")
+    summary = take_best_model(result.checkpoint, out)
+    if summary is None:
+        raise RaysentError(f"training {cfg.name} on Ray Train: its last checkpoint has no run summary")
     summary["ray"] = {"storage_path": result.path, "checkpoint": result.checkpoint.path}
     info = summary.pop("data")
     return finish(cfg, summary, info, out, t0)
+
+
+def take_best_model_of_run(cfg: ExperimentConfig) -> bool:
+    """The best model of an unfinished Ray Train run of ``cfg`` (a trial the scheduler stopped) from the newest
+    checkpoint in Ray's storage into <output_dir>/best; False when this machine cannot read one."""
+    from ray.train import Result
+
+    storage, name = run_location(cfg)
+    try:
+        result = Result.from_path(f"{storage.rstrip('/')}/{name}")
+    except RuntimeError:  # no such run folder, or no checkpoint registered yet
+        return False
+    if result.checkpoint is None:
+        return False
+    take_best_model(result.checkpoint, cfg.output_dir().resolve())
+    return True
 
 
 def train_one_with_ray(cfg: ExperimentConfig, resume: bool = False, quiet: bool = False,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -77,7 +78,7 @@ def train_stages(cfg: ExperimentConfig, train_one: Callable[[ExperimentConfig], 
     for i, (label, overrides) in enumerate(stages):
         last = i == len(stages) - 1
         ov = {k: (previous if v == PREVIOUS_STAGE_BEST else v) for k, v in overrides.items()}
-        ov["train.output_dir"] = str(out if last else out / label)
+        ov["train.output_dir"] = str(_stage_dir(out, label, last))
         stage_cfg = with_overrides(cfg, ov)
         done = Path(ov["train.output_dir"]) / "result.json"
         if resume and not last and done.is_file():
@@ -93,6 +94,29 @@ def train_stages(cfg: ExperimentConfig, train_one: Callable[[ExperimentConfig], 
     summary = {**summary, "stages": records, "initial_dev": records[0]["initial_dev"]}
     write_json_atomic(out / "result.json", summary)
     return summary
+
+
+def _stage_dir(out: Path, label: str | None, last: bool) -> Path:
+    """Where a stage trains: the run's own folder for the last (or only) stage, a subfolder for earlier ones."""
+    return out if last else out / label
+
+
+def delete_checkpoints(cfg: ExperimentConfig) -> None:
+    """Delete a finished run's resume checkpoints (model and optimizer state) of every stage: what only a
+    resumed run reads. Its best model(s) and result.json stay."""
+    stages = get_method(cfg.method).stages(cfg) or [(None, {})]
+    out = cfg.output_dir()
+    for i, (label, _) in enumerate(stages):
+        stage_out = _stage_dir(out, label, i == len(stages) - 1)
+        shutil.rmtree(stage_out / "checkpoint", ignore_errors=True)  # trained in this process
+        if cfg.resources.workers:  # Ray Train's run folder (the storage may be remote)
+            from raysent.train.ray_train import delete_run, run_location
+
+            delete_run(*run_location(with_overrides(cfg, {"train.output_dir": str(stage_out)})))
+            try:
+                (stage_out / "ray").rmdir()  # the default storage folder, now empty
+            except OSError:
+                pass
 
 
 def train_in_process(cfg: ExperimentConfig, resume: bool = False, quiet: bool = False,

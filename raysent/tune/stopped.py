@@ -6,8 +6,10 @@ dev curve would be only in Tune's state, with no run file and no MLflow run. :cl
 keeps each trial's reported evaluations and, when Tune completes a trial that reported evaluations but
 not its run record (the last result of every trial that ran to its end carries it), writes
 ``results/<experiment>/stopped/<phase>-<search>-<config>-seed<seed>-<trial>.json`` — the run record's
-fields, the curve up to the stop, ``stopped`` (by whom, at which step) — and an MLflow run marked
-``KILLED`` under the search's parent run. ``runs/`` stays one file per finished run (the tables average
+fields, the curve up to the stop, ``stopped`` (by whom, at which step), the best model (a Ray Train
+trial's taken out of its newest checkpoint into the trial's ``best/``) — and an MLflow run marked
+``KILLED`` under the search's parent run. Its checkpoints are then deleted as a finished trial's are
+(``search.keep_checkpoints``). ``runs/`` stays one file per finished run (the tables average
 those); the search summary lists the stopped trials.
 """
 
@@ -68,6 +70,17 @@ class StoppedTrials(Callback):
         curve = self.curves[trial.trial_id]
         best = max(curve, key=lambda p: p["dev_spearman"])
         out = cfg.output_dir()
+        if cfg.resources.workers and not (out / "best").is_dir():
+            # a Ray Train trial keeps its best model in its checkpoints until it finishes
+            from raysent.train.ray_train import take_best_model_of_run
+
+            try:
+                take_best_model_of_run(cfg)
+            except Exception as exc:  # noqa: BLE001 - the record is still written, without a model
+                import warnings
+
+                warnings.warn(f"stopped trial {trial.trial_id}: no best model from its checkpoints: {exc}",
+                              stacklevel=2)
         summary = {"best_dev_spearman": last.get("best_dev_spearman", best["dev_spearman"]),
                    "best_step": last.get("best_step", best["step"]),
                    "dev_curve": curve, "final_step": last.get("step"), "workers": cfg.resources.workers or 1,
@@ -80,6 +93,10 @@ class StoppedTrials(Callback):
         rec["finished_at"] = time.time()
         path = Path(ctx["exp_dir"]) / STOPPED_DIR / f"{ctx['phase']}-{ctx['run']}-{cid}-seed{seed}-{trial.trial_id}.json"
         _save_record(path, rec, cfg, ctx, status="KILLED", tags={"stopped_by": "scheduler"})
+        if rec["best_model_dir"] and not (cfg.search and cfg.search.keep_checkpoints):
+            from raysent.train.run import delete_checkpoints
+
+            delete_checkpoints(cfg)  # as a finished trial's: its best model is kept, and Tune does not resume it
         return path
 
     # Tune saves a callback's state with the experiment's: a resumed search keeps the curves so far
