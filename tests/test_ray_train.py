@@ -178,9 +178,12 @@ def test_a_dying_worker_is_replaced_and_the_run_resumes_exactly(two_worker_run):
     assert [c["dev_spearman"] for c in summary["dev_curve"]] == pytest.approx(
         [c["dev_spearman"] for c in uninterrupted["dev_curve"]], abs=1e-9)
     # --resume of a run that has finished: nothing left to train, the same result and best model again
+    first_final = Path(summary["ray"]["checkpoint"]) / "summary.json"
+    before = first_final.read_text()
     again = train_with_ray(cfg, resume=True, quiet=True)
     assert again["resumed_at_step"] == again["final_step"] == 20
-    assert Path(again["resumed_from"]).is_relative_to(ray_run)
+    assert again["resumed_from"] == summary["ray"]["checkpoint"]
+    assert first_final.read_text() == before  # the checkpoint it was read from is left as it was
     assert again["best_dev_spearman"] == pytest.approx(summary["best_dev_spearman"], abs=1e-9)
     assert (tmp / "crash" / "best" / "config.json").is_file()
 

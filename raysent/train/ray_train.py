@@ -37,7 +37,7 @@ import torch.distributed as dist
 from raysent.config import ExperimentConfig, parse_config
 from raysent.errors import RaysentError
 from raysent.methods import Gatherer, Method
-from raysent.train.loop import BEST_DIR, STATE_FILE, TrainHooks, _link_tree, run_training
+from raysent.train.loop import BEST_DIR, STATE_FILE, TrainHooks, _link_tree, run_training, write_json_atomic
 from raysent.train.run import _stderr, build_method, finish, prepare_data, train_stages
 
 SUMMARY_FILE = "summary.json"
@@ -214,7 +214,9 @@ class RayHooks(TrainHooks):
             if self._last is not None:
                 _link_tree(self._last, final)
             final.mkdir(exist_ok=True)
-            (final / SUMMARY_FILE).write_text(json.dumps(summary, default=str))
+            # a new file, not a write through a link: the newest checkpoint may be Ray's final one of the run
+            # this run resumed, whose summary must stay as it was
+            write_json_atomic(final / SUMMARY_FILE, summary)
         self.report({**metrics, "finished": True}, final)
         if self._scratch is not None:
             if self._in_storage is not None and self.rank == 0:  # its checkpoints are Ray's now; the rest goes
