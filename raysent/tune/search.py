@@ -379,9 +379,10 @@ def run_search(cfg: ExperimentConfig, exp: Path, state: dict, mlflow: dict | Non
                                   max_t=s.scheduler.max_t or 10**6)
     storage = tune_storage(cfg, exp)
     path = f"{storage.rstrip('/')}/search-{run}"
+    # trials Tune is asked for (a grid is one sample that Tune expands) and trials the search has
     n = 1 if s.algorithm == "grid" else s.num_samples * s.seeds
-    say(f"search {run}: {s.algorithm}, {n if s.algorithm != 'grid' else len(grid(s.space)) * s.seeds} trials "
-        f"({s.seeds} seed(s) each), metric {metric} ({s.mode})")
+    total = len(grid(s.space)) * s.seeds if s.algorithm == "grid" else n
+    say(f"search {run}: {s.algorithm}, {total} trials ({s.seeds} seed(s) each), metric {metric} ({s.mode})")
     if resume and Tuner.can_restore(path):
         tuner = Tuner.restore(path, trainable=trainable, resume_unfinished=True, resume_errored=False,
                               restart_errored=False, param_space=param_space)
@@ -396,7 +397,8 @@ def run_search(cfg: ExperimentConfig, exp: Path, state: dict, mlflow: dict | Non
                                            failure_config=tune.FailureConfig(max_failures=0)))
     results = tuner.fit()
     _sync_records(results, exp)
-    _check_complete(results, None if s.algorithm == "grid" else n, cfg, "search")
+    # Tune creates a grid's trials as it goes: interrupted, the ones not started yet are not in `results`
+    _check_complete(results, total, cfg, "search")
     failed = [{"trial_id": r.metrics.get("trial_id") if r.metrics else None, "path": r.path,
                "error": str(r.error).strip().splitlines()[-1][:500]} for r in results if r.error is not None]
     for f in failed:
@@ -404,13 +406,12 @@ def run_search(cfg: ExperimentConfig, exp: Path, state: dict, mlflow: dict | Non
     return pick_best(cfg, exp, run, mlflow, failed, say)
 
 
-def _check_complete(results, expected: int | None, cfg: ExperimentConfig, what: str) -> None:
+def _check_complete(results, expected: int, cfg: ExperimentConfig, what: str) -> None:
     """Tune returns normally when interrupted (Ctrl-C), having saved its state: an unfinished trial, or fewer
-    trials than asked for, means the phase did not end and must not be summarised as if it had."""
+    trials than the phase has, means the phase did not end and must not be summarised as if it had."""
     ended = results.num_terminated + results.num_errors
-    if ended < len(results) or (expected is not None and len(results) < expected):
-        total = expected if expected is not None else len(results)
-        raise Interrupted(f"{what} of {cfg.name} interrupted after {ended} of {total} trial(s); its state is saved: "
+    if ended < len(results) or len(results) < expected:
+        raise Interrupted(f"{what} of {cfg.name} interrupted after {ended} of {expected} trial(s); its state is saved: "
                           f"`raysent tune --resume` with the same config continues it (finished trials are kept, "
                           f"unfinished ones go on from their last checkpoint)")
 
