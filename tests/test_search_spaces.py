@@ -197,3 +197,23 @@ def test_headline_numbers(published):
     unsup = find("SimCSE", "BERTbase(CLSLast)(Equation 7) †", "bert-base-uncased")
     sup = find("SimCSE", "BERTbase(CLSLast)(Equation 8) †", "bert-base-uncased")
     assert abs(unsup["scores"]["avg"] - 76.3) <= 0.05 and abs(sup["scores"]["avg"] - 81.6) <= 0.05
+
+
+# --------------------------------------------------------------------------- the plan (--dry-run)
+def test_dry_run_counts_every_trial_and_says_what_happens_to_checkpoints():
+    """`raysent tune --dry-run` starts nothing and plans the trials the search will have: a grid's points ×
+    seeds (Tune expands a grid lazily, so this count is also what an interrupted search is checked against)."""
+    import json
+
+    from raysent.tune.space import grid
+
+    from conftest import run_cli
+
+    quick = json.loads(run_cli("tune", str(SPACES / "quick.yaml"), "--dry-run", "--format", "json").stdout)
+    assert quick["search"]["trials"] == 3 * 2 and quick["final"]["runs"] == 2
+    assert quick["trial checkpoints"].startswith("deleted")
+    base_cfg = load_config(SPACES / "baseline.yaml")
+    base = json.loads(run_cli("tune", str(SPACES / "baseline.yaml"), "--dry-run", "--format", "json",
+                              "--set", "search.keep_checkpoints=true", "--set", "search.seeds=2").stdout)
+    assert base["search"]["trials"] == len(grid(base_cfg.search.space)) * 2 > 2
+    assert base["trial checkpoints"] == "kept"

@@ -217,11 +217,15 @@ def evaluate_final(cfg: ExperimentConfig, model_dir: str) -> dict:
 
 
 # --------------------------------------------------------------------------- the driver
+def search_trials(s) -> int:
+    """How many trials a search has: every grid point, or ``num_samples`` suggestions, each on ``seeds`` seeds."""
+    return (len(grid(s.space)) if s.algorithm == "grid" else s.num_samples) * s.seeds
+
+
 def plan(cfg: ExperimentConfig, final_only: bool = False) -> dict:
     s = cfg.search
     r = cfg.resources
-    trials = 0 if final_only or s is None else (len(grid(s.space)) * s.seeds if s.algorithm == "grid"
-                                                else s.num_samples * s.seeds)
+    trials = 0 if final_only or s is None else search_trials(s)
     exp = experiment_dir(cfg)
     from raysent.tracking import experiment_name, redact, tracking_uri
 
@@ -239,6 +243,8 @@ def plan(cfg: ExperimentConfig, final_only: bool = False) -> dict:
         "final": {"seeds": cfg.seeds, "runs": len(cfg.seeds), "evaluation": cfg.eval.tasks},
         "resources per trial": per_trial,
         "results": str(exp), "run records": str(exp / "runs"),
+        "trial checkpoints": ("kept" if s is not None and s.keep_checkpoints else
+                              "deleted once a trial's record and best model are saved (search.keep_checkpoints)"),
         "mlflow": redact(tracking_uri(cfg)) if cfg.tracking.enabled else "off",
         "ray": cfg.resources.address or os.environ.get("RAY_ADDRESS") or "local",
     }
@@ -379,9 +385,8 @@ def run_search(cfg: ExperimentConfig, exp: Path, state: dict, mlflow: dict | Non
                                   max_t=s.scheduler.max_t or 10**6)
     storage = tune_storage(cfg, exp)
     path = f"{storage.rstrip('/')}/search-{run}"
-    # trials Tune is asked for (a grid is one sample that Tune expands) and trials the search has
-    n = 1 if s.algorithm == "grid" else s.num_samples * s.seeds
-    total = len(grid(s.space)) * s.seeds if s.algorithm == "grid" else n
+    n = 1 if s.algorithm == "grid" else s.num_samples * s.seeds  # Tune's samples (it expands a grid itself)
+    total = search_trials(s)
     say(f"search {run}: {s.algorithm}, {total} trials ({s.seeds} seed(s) each), metric {metric} ({s.mode})")
     if resume and Tuner.can_restore(path):
         tuner = Tuner.restore(path, trainable=trainable, resume_unfinished=True, resume_errored=False,
