@@ -123,6 +123,16 @@ def _save_record(path: Path, record: dict, cfg: ExperimentConfig, ctx: dict, **m
         write_json_atomic(path, record)
 
 
+def drop_checkpoints(cfg: ExperimentConfig) -> None:
+    """Delete a finished or stopped trial's training checkpoints unless ``search.keep_checkpoints``: only a
+    resumed run reads them, and Tune runs such a trial no more; a model plus its optimizer state per trial
+    (~1.3 GB for BERT-base) would add up over a search."""
+    if not (cfg.search and cfg.search.keep_checkpoints):
+        from raysent.train.run import delete_checkpoints
+
+        delete_checkpoints(cfg)
+
+
 def run_trial(config: dict, ctx: dict) -> None:
     """One (configuration, seed): train, evaluate (final phase: test sets), record, report to Tune."""
     from ray import tune
@@ -145,12 +155,7 @@ def run_trial(config: dict, ctx: dict) -> None:
     record["wall_seconds"] = time.time() - started
     record["finished_at"] = time.time()
     _save_record(exp / "runs" / f"{phase}-{ctx['run']}-{cid}-seed{seed}.json", record, cfg, ctx)
-    if not (cfg.search and cfg.search.keep_checkpoints):
-        from raysent.train.run import delete_checkpoints
-
-        # only a resumed run reads them, and Tune does not run a finished trial again: a model plus its
-        # optimizer state per trial (~1.3 GB for BERT-base) would add up over a search
-        delete_checkpoints(cfg)  # before the last report, after which Tune may end this process
+    drop_checkpoints(cfg)  # before the last report, after which Tune may end this process
     # the record also travels in the result: on a cluster this trial may run on another node, whose disk the
     # driver cannot read; the driver writes every record it gets back into its own results/<exp>/runs
     tune.report({ctx["metric"]: record["best_dev_spearman"] if ctx["metric"] == "best_dev_spearman"

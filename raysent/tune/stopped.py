@@ -63,7 +63,7 @@ class StoppedTrials(Callback):
             warnings.warn(f"could not record stopped trial {trial.trial_id}: {exc}", stacklevel=2)
 
     def record(self, trial, last: dict) -> Path:
-        from raysent.tune.search import _record, _save_record, _trial
+        from raysent.tune.search import _record, _save_record, _trial, drop_checkpoints
 
         ctx = self.ctx
         hp, seed, cid, cfg = _trial(trial.config, ctx, trial.trial_id)
@@ -93,10 +93,8 @@ class StoppedTrials(Callback):
         rec["finished_at"] = time.time()
         path = Path(ctx["exp_dir"]) / STOPPED_DIR / f"{ctx['phase']}-{ctx['run']}-{cid}-seed{seed}-{trial.trial_id}.json"
         _save_record(path, rec, cfg, ctx, status="KILLED", tags={"stopped_by": "scheduler"})
-        if rec["best_model_dir"] and not (cfg.search and cfg.search.keep_checkpoints):
-            from raysent.train.run import delete_checkpoints
-
-            delete_checkpoints(cfg)  # as a finished trial's: its best model is kept, and Tune does not resume it
+        if rec["best_model_dir"]:  # its best model is kept: the checkpoints go as a finished trial's do
+            drop_checkpoints(cfg)
         return path
 
     # Tune saves a callback's state with the experiment's: a resumed search keeps the curves so far
