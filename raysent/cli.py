@@ -66,6 +66,7 @@ def cmd_tune(args) -> int:
     with _stdout_for(args.format):
         summary = tune_experiment(cfg, resume=args.resume, final_only=args.final_only, quiet=args.quiet,
                                   source=str(path))
+        _disconnect_ray()
     print(json.dumps(summary, indent=2, default=str) if args.format == "json" else format_summary(summary))
     return 0
 
@@ -76,6 +77,16 @@ def _stdout_for(fmt: str):
     import contextlib
 
     return contextlib.redirect_stdout(sys.stderr) if fmt == "json" else contextlib.nullcontext()
+
+
+def _disconnect_ray() -> None:
+    """Leave Ray before the summary is printed: Ray holds back worker log lines that repeat across
+    processes (its log deduplication) and prints what it still holds when the driver disconnects, which
+    would otherwise be at exit, after the summary."""
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
 
 
 def yaml_dump(obj) -> str:
@@ -100,6 +111,7 @@ def cmd_train(args) -> int:
 
         with _stdout_for(args.format):
             summary = train_with_ray(cfg, resume=args.resume, quiet=args.quiet)
+            _disconnect_ray()
     else:
         from raysent.train.run import train_in_process
 

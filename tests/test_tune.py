@@ -127,14 +127,8 @@ RESUME_SEARCH = """\
 """
 
 
-@pytest.mark.parametrize("algorithm", ["optuna", "grid"])
-def test_an_interrupted_search_resumes_with_no_trial_lost_or_repeated(ray_cluster, tmp_path, algorithm):
-    search = RESUME_SEARCH
-    if algorithm == "grid":  # Tune creates a grid's trials one by one: the unstarted ones must count as missing
-        search = search.replace("algorithm: optuna", "algorithm: grid").replace(
-            "lr: {type: loguniform, low: 1.0e-5, high: 1.0e-4}", "lr: {type: choice, values: [1.0e-5, 1.0e-4]}")
-    path = experiment(tmp_path, "resumable", search, "[1]", sts_sets="[stsb]")  # the search is the point
-    runs = tmp_path / "results" / "resumable" / "runs"
+def interrupt_and_resume(ray_cluster, path: str, runs: Path, expected: int) -> dict:
+    """`raysent tune` Ctrl-C'd once its first trial is recorded, then `--resume`d; returns the summary."""
     env = {**os.environ, "RAY_ADDRESS": ray_cluster}
     cmd = [sys.executable, "-m", "raysent.cli", "tune", path, "--quiet"]
     proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -144,11 +138,28 @@ def test_an_interrupted_search_resumes_with_no_trial_lost_or_repeated(ray_cluste
     proc.send_signal(signal.SIGINT)  # Ctrl-C: Tune saves the search's state and stops
     _, err = proc.communicate(timeout=180)
     before = len(list(runs.glob("search-*.json")))
-    assert 1 <= before < 4, "the search was not interrupted midway"
+    assert 1 <= before < expected, "the search was not interrupted midway"
     assert proc.returncode == 130 and "--resume" in err, err[-3000:]
     assert not list(runs.glob("final-*.json"))  # an interrupted search is not summarised or followed
-    done = subprocess.run(cmd + ["--resume", "--format", "json"], env=env, cwd=REPO, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = subprocess.run(cmd + ["--resume", "--format", "json"], env=env, cwd=REPO, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+    assert done.returncode == 0, done.stdout[-3000:]
+    # one stream: the summary comes last, after every line Ray forwarded (it holds back lines that repeat
+    # across workers until the driver disconnects)
+    logs, brace, rest = done.stdout.rpartition("\n{\n")
+    assert brace and "Trial status" in logs, done.stdout[-3000:]
+    return json.loads(brace + rest)
+
+
+@pytest.mark.parametrize("algorithm", ["optuna", "grid"])
+def test_an_interrupted_search_resumes_with_no_trial_lost_or_repeated(ray_cluster, tmp_path, algorithm):
+    search = RESUME_SEARCH
+    if algorithm == "grid":  # Tune creates a grid's trials one by one: the unstarted ones must count as missing
+        search = search.replace("algorithm: optuna", "algorithm: grid").replace(
+            "lr: {type: loguniform, low: 1.0e-5, high: 1.0e-4}", "lr: {type: choice, values: [1.0e-5, 1.0e-4]}")
+    path = experiment(tmp_path, "resumable", search, "[1]", sts_sets="[stsb]")  # the search is the point
+    runs = tmp_path / "results" / "resumable" / "runs"
+    summary = interrupt_and_resume(ray_cluster, path, runs, expected=4)
     records = [json.loads(p.read_text()) for p in runs.glob("search-*.json")]
     # 2 configurations x 2 seeds, each run exactly once
     assert len(records) == 4 and len({r["trial_id"] for r in records}) == 4
@@ -157,7 +168,6 @@ def test_an_interrupted_search_resumes_with_no_trial_lost_or_repeated(ray_cluste
     for r in records:
         by_config.setdefault(r["config_id"], []).append(r["seed"])
     assert len(by_config) == 2 and all(sorted(v) == [1, 43] for v in by_config.values()), by_config
-    summary = json.loads(done.stdout)
     assert summary["final"]["seeds"] == [1] and len(summary["best"]["configurations"]) == 2
     assert {k for k in summary["final"]["scores"] if "/" in k and k.count("/") == 1} == {"sts/stsb", "sts/avg"}
 
@@ -225,3 +235,24 @@ def test_trials_training_in_their_own_process_reuse_it_even_after_asha_stops_one
         assert run.info.status == "KILLED" and run.data.tags["stopped_by"] == "scheduler"
         assert [m.step for m in client.get_metric_history(run.info.run_id, "dev_spearman")] == \
             [p["step"] for p in rec["dev_curve"]]
+
+
+def test_an_interrupted_asha_search_resumes_and_records_the_trials_it_stops(ray_cluster, tmp_path):
+    """Ctrl-C after ASHA's first trial, then --resume: the scheduler's rungs come back with the search, so
+    the later trials are still compared with the first and stopped; every configuration is recorded once,
+    finished (runs/) or stopped (stopped/, best model kept, checkpoint gone)."""
+    path = experiment(tmp_path, "asha-resume", ASHA_SEARCH, "[1]", sts_sets="[stsb]")
+    Path(path).write_text(Path(path).read_text().replace("max_steps: 4,", "max_steps: 8,"))
+    exp = tmp_path / "results" / "asha-resume"
+    summary = interrupt_and_resume(ray_cluster, path, exp / "runs", expected=3)
+    finished = [json.loads(p.read_text()) for p in (exp / "runs").glob("search-*.json")]
+    stopped = [json.loads(p.read_text()) for p in (exp / "stopped").glob("search-*.json")]
+    assert stopped and sorted(r["hp"]["lr"] for r in finished + stopped) == pytest.approx([1.0e-9, 1.0e-4, 2.0e-4])
+    assert len({r["trial_id"] for r in finished + stopped}) == 3
+    for rec in stopped:
+        assert rec["stopped"]["at_step"] == rec["final_step"] < 8
+        best = Path(rec["best_model_dir"])
+        assert json.loads((best / "raysent.json").read_text())["dev_spearman"] == pytest.approx(rec["best_dev_spearman"])
+        assert not (best.parent / "checkpoint").exists()
+    assert sorted(s["trial_id"] for s in summary["best"]["stopped"]) == sorted(r["trial_id"] for r in stopped)
+    assert summary["best"]["hp"]["lr"] == pytest.approx(1.0e-9)
