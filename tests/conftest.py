@@ -39,15 +39,28 @@ def raw_encoder():
     return Encoder.load(RAW_BERT)
 
 
-def run_cli(*args: str, check: bool = True, env: dict | None = None):
-    """Run the installed `raysent` command in a subprocess; returns CompletedProcess."""
+def run_cli(*args: str, check: bool = True, env: dict | None = None, one_stream: bool = False):
+    """Run the installed `raysent` command in a subprocess; returns CompletedProcess (``one_stream``: stderr
+    into stdout, in the order a terminal shows them)."""
     import subprocess
 
-    proc = subprocess.run([sys.executable, "-m", "raysent.cli", *args], capture_output=True, text=True,
+    streams = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT} if one_stream else {"capture_output": True}
+    proc = subprocess.run([sys.executable, "-m", "raysent.cli", *args], text=True, **streams,
                           env={**os.environ, **(env or {})}, cwd=REPO)
     if check and proc.returncode != 0:
         raise AssertionError(f"raysent {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+def json_summary_last(output: str, before: str) -> dict:
+    """The JSON summary of `raysent … --format json` run with ``one_stream``: it must come last, after
+    ``before`` and every other line Ray forwarded (Ray holds back log lines that repeat across workers until
+    the driver disconnects)."""
+    import json
+
+    logs, brace, rest = output.rpartition("\n{\n")
+    assert brace and before in logs, output[-3000:]
+    return json.loads(brace + rest)
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -19,7 +18,7 @@ import torch
 from raysent.config import load_config, parse_config, with_overrides
 from raysent.data.batching import local_part
 
-from conftest import RAW_BERT, REPO, run_cli
+from conftest import RAW_BERT, json_summary_last, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -147,15 +146,9 @@ def two_worker_run(ray_cluster, tmp_path_factory):
     """`raysent train` on 2 workers, joining the session's Ray by RAY_ADDRESS."""
     tmp = tmp_path_factory.mktemp("two")
     (tmp / "exp.yaml").write_text(CONFIG)
-    proc = subprocess.run([sys.executable, "-m", "raysent.cli", "train", str(tmp / "exp.yaml"), "--output-dir",
-                           str(tmp / "run"), "--format", "json"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, env={**os.environ, "RAY_ADDRESS": ray_cluster}, cwd=REPO)
-    assert proc.returncode == 0, proc.stdout[-3000:]
-    # stdout and stderr in one stream: the summary is the last thing printed, after every line the workers
-    # logged (Ray holds back repeated log lines until its driver disconnects)
-    logs, brace, summary = proc.stdout.rpartition("\n{\n")
-    assert brace and "(RayTrainWorker" in logs, proc.stdout[-3000:]
-    return tmp, json.loads(brace + summary)
+    proc = run_cli("train", str(tmp / "exp.yaml"), "--output-dir", str(tmp / "run"), "--format", "json",
+                   env={"RAY_ADDRESS": ray_cluster}, one_stream=True)
+    return tmp, json_summary_last(proc.stdout, before="(RayTrainWorker")
 
 
 def test_raysent_train_on_two_workers_improves_the_raw_encoder(two_worker_run):

@@ -17,7 +17,7 @@ import pytest
 
 from raysent.config import load_config
 
-from conftest import RAW_BERT, REPO
+from conftest import RAW_BERT, REPO, json_summary_last, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -141,14 +141,8 @@ def interrupt_and_resume(ray_cluster, path: str, runs: Path, expected: int) -> d
     assert 1 <= before < expected, "the search was not interrupted midway"
     assert proc.returncode == 130 and "--resume" in err, err[-3000:]
     assert not list(runs.glob("final-*.json"))  # an interrupted search is not summarised or followed
-    done = subprocess.run(cmd + ["--resume", "--format", "json"], env=env, cwd=REPO, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
-    assert done.returncode == 0, done.stdout[-3000:]
-    # one stream: the summary comes last, after every line Ray forwarded (it holds back lines that repeat
-    # across workers until the driver disconnects)
-    logs, brace, rest = done.stdout.rpartition("\n{\n")
-    assert brace and "Trial status" in logs, done.stdout[-3000:]
-    return json.loads(brace + rest)
+    done = run_cli(*cmd[3:], "--resume", "--format", "json", env=env, one_stream=True)
+    return json_summary_last(done.stdout, before="Trial status")
 
 
 @pytest.mark.parametrize("algorithm", ["optuna", "grid"])
