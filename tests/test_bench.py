@@ -53,9 +53,15 @@ def test_bench_training_speedups_and_evaluation_write_json_and_markdown(tmp_path
         assert heading in md
 
 
-def test_bench_overhead_runs_the_same_training_four_ways(ray_cluster):
+def test_bench_overhead_runs_the_same_training_four_ways(ray_cluster, monkeypatch):
+    import os
+
     from raysent.bench import method_config
     from raysent.bench.overhead import bench_overhead
+
+    # as the README runs it (RAYSENT_MODEL_DIR=../shared/models): Tune trials and Train workers run in other
+    # folders, so the path must reach them made absolute
+    monkeypatch.setenv("RAYSENT_MODEL_DIR", os.path.relpath(os.environ["RAYSENT_MODEL_DIR"]))
 
     opts = BenchOptions(model=PARAPHRASE, batch_size=16, max_length=24)
     raw = method_config(opts, "simcse-unsup")

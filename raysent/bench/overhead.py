@@ -113,9 +113,10 @@ def _tune_trials(cfg, trials: int, trial_cpus: float, root: Path) -> list[float]
     from ray import tune
 
     from raysent.config import with_overrides
+    from raysent.train.ray_train import worker_env
     from raysent.tune.search import _train, reuse_trial_processes
 
-    env = {k: os.environ[k] for k in ("RAYSENT_DATA_DIR", "RAYSENT_MODEL_DIR") if k in os.environ}
+    env = worker_env()  # absolute paths: a trial runs in its own folder, as do its Ray Train workers
 
     def trial(config: dict) -> None:
         os.environ.update(env)
