@@ -368,6 +368,12 @@ def cmd_bench(args) -> int:
     json_path, md_path = write_results(result, opts.output_dir)
     print(format_markdown(result))
     print(f"written: {json_path} and {md_path}")
+    if result.get("interrupted"):
+        return 130
+    if result.get("failed"):
+        print(f"raysent bench: failed: {', '.join(result['failed'])} (the others were measured and written)",
+              file=sys.stderr)
+        return 1
     return 0
 
 

@@ -91,6 +91,56 @@ def test_bench_overhead_runs_the_same_training_four_ways(ray_cluster, monkeypatc
     assert "CPU while the Ray Train run ran" in md
 
 
+def test_a_part_that_fails_keeps_what_it_and_the_other_parts_measured(ray_cluster, monkeypatch, tmp_path):
+    """The overhead part fails at its Tune ways: its bare and Ray Train measurements, and the part after it,
+    are still written, the failure is named, and the command exits 1."""
+    from raysent.bench import overhead
+    from raysent.cli import main
+
+    def no_tune(*args, **kwargs):
+        raise RuntimeError("Tune is broken here")
+
+    monkeypatch.setattr(overhead, "_tune_trials", no_tune)
+    out = tmp_path / "bench"
+    assert main(["bench", "--model", PARAPHRASE, "--parts", "overhead,gpu", "--batch-size", "16", "--max-length",
+                 "24", "--overhead-steps", "2", "--output-dir", str(out)]) == 1
+    [js] = out.glob("*.json")
+    r = json.loads(js.read_text())
+    assert r["failed"] == {"overhead": "RuntimeError: Tune is broken here"}
+    ov = r["overhead"]
+    assert ov["bare_seconds"] > 0 and ov["ray_train_ratio"] == pytest.approx(ov["ray_train_seconds"] / ov["bare_seconds"])
+    assert "tune_trial_seconds" not in ov and r["targets"]["tune_train_overhead"]["value"] is None
+    assert r["gpu"] == {"skipped": "no CUDA device"} or "cases" in r["gpu"]  # the next part ran
+    md = js.with_suffix(".md").read_text()
+    assert "`overhead` failed (what it measured before is below" in md and "Tune is broken here" in md
+    assert "| Ray Train, 1 worker |" in md and "Tune trial running Ray Train" not in md
+
+
+def test_ctrl_c_writes_what_was_measured_before(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    out = tmp_path / "bench"
+    proc = subprocess.Popen([sys.executable, "-m", "raysent.cli", "bench", "--model", RAW_BERT, "--parts",
+                             "evaluation,overhead", "--eval-sets", "stsb", "--eval-repeats", "1", "--output-dir",
+                             str(out)], cwd=REPO, env=os.environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    for line in proc.stderr:  # the part after evaluation has started
+        if line.startswith("overhead:"):
+            break
+    proc.send_signal(signal.SIGINT)
+    stdout, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    [js] = out.glob("*.json")
+    r = json.loads(js.read_text())
+    assert r["interrupted"] == "overhead" and "overhead" not in r and r["evaluation"]["equal_scores"]
+    assert "interrupted (Ctrl-C) during `overhead`" in js.with_suffix(".md").read_text() and "written:" in stdout
+
+
 def test_ray_cpu_counts_a_process_started_within_the_window_as_it_counts_itself():
     """A process started inside the window (as Train's actors are) is counted from its start: its CPU time
     agrees with what the process measured of itself."""

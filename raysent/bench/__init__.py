@@ -209,31 +209,57 @@ def bench_gpu(opts: BenchOptions, say) -> dict:
     return out
 
 
+class PartFailed(Exception):
+    """A bench part that failed after measuring some of its cases: ``partial`` holds what it measured."""
+
+    def __init__(self, partial: dict):
+        super().__init__("the part failed midway")
+        self.partial = partial
+
+
 def run_bench(opts: BenchOptions, say=print) -> dict:
+    """Every part of ``opts.parts`` in turn. A part that fails is recorded under ``failed`` (its error; what
+    it had measured stays in its own key) and the next part runs; Ctrl-C stops at the part it interrupts
+    (``interrupted``): either way what was measured is returned, to be written."""
     opts.check()
     started = _dt.datetime.now()
     result: dict = {"options": asdict(opts), "started": started.isoformat(timespec="seconds"),
                     "machine": machine_info(opts)}
-    if "training" in opts.parts:
-        result["training"] = bench_training(opts, say)
-    if "speedups" in opts.parts:
-        result["speedups"] = bench_speedups(opts, say, result.get("training"))
-    if "evaluation" in opts.parts:
+
+    def evaluation():
         from raysent.bench.evaluation import bench_evaluation
 
         say("evaluation: raysent vs sentence-transformers EmbeddingSimilarityEvaluator")
-        result["evaluation"] = bench_evaluation(opts.model, max_length=opts.eval_max_length,
-                                                repeats=opts.eval_repeats, tasks=opts.eval_sets, say=say)
-    if "overhead" in opts.parts:
+        return bench_evaluation(opts.model, max_length=opts.eval_max_length, repeats=opts.eval_repeats,
+                                tasks=opts.eval_sets, say=say)
+
+    def overhead():
         from raysent.bench.overhead import bench_overhead
 
         say(f"overhead: the same {opts.overhead_steps}-step run bare, on Ray Train, in Tune trials")
         raw = method_config(opts, "simcse-unsup")
         raw["data"]["max_train_samples"] = opts.batch_size * (opts.overhead_steps + 1)
-        result["overhead"] = bench_overhead(raw, opts.overhead_steps, opts.cpus, trials=opts.overhead_trials,
-                                            say=say)
-    if "gpu" in opts.parts:
-        result["gpu"] = bench_gpu(opts, say)
+        return bench_overhead(raw, opts.overhead_steps, opts.cpus, trials=opts.overhead_trials, say=say)
+
+    parts = {"training": lambda: bench_training(opts, say),
+             "speedups": lambda: bench_speedups(opts, say, result.get("training")),
+             "evaluation": evaluation, "overhead": overhead, "gpu": lambda: bench_gpu(opts, say)}
+    for part in PARTS:
+        if part not in opts.parts:
+            continue
+        try:
+            result[part] = parts[part]()
+        except KeyboardInterrupt:
+            say(f"{part}: interrupted; writing what was measured before it")
+            result["interrupted"] = part
+            break
+        except Exception as exc:  # the other parts' measurements are worth keeping
+            cause = exc.__cause__ if isinstance(exc, PartFailed) and exc.__cause__ else exc
+            if isinstance(exc, PartFailed):
+                result[part] = exc.partial
+            result.setdefault("failed", {})[part] = f"{type(cause).__name__}: {cause}"
+            last = (str(cause).strip().splitlines() or [""])[-1][:300]  # a worker's error ends its traceback
+            say(f"{part}: FAILED ({type(cause).__name__}: {last}); going on with the next part")
     result["targets"] = check_targets(result)
     result["seconds"] = (_dt.datetime.now() - started).total_seconds()
     return result
@@ -315,6 +341,15 @@ def format_markdown(r: dict) -> str:
             met = "—" if e["met"] is None else ("yes" if e["met"] else "**no**")
             lines.append(f"| {label} | {val} | {goal} | {met} |")
         lines.append("")
+    if r.get("failed") or r.get("interrupted"):
+        lines += ["## Not measured", ""]
+        if r.get("interrupted"):
+            lines.append(f"* interrupted (Ctrl-C) during `{r['interrupted']}`; the parts after it did not run")
+        for part, error in r.get("failed", {}).items():
+            last = (error.strip().splitlines() or [""])[-1][:300]
+            lines.append(f"* `{part}` failed ({'what it measured before is below; ' if part in r else ''}"
+                         f"the whole error is in the .json): {last}")
+        lines.append("")
     tr = r.get("training")
     if tr:
         st = tr["st_mnrl"]
@@ -362,7 +397,7 @@ def format_markdown(r: dict) -> str:
             lines.append(f"| {task} | {s['raysent']:.2f} | {s['sentence_transformers']:.2f} |")
         lines.append("")
     ov = r.get("overhead")
-    if ov:
+    if ov and "bare_seconds" in ov:
         def way(label, key, loop=""):
             if ov.get(f"{key}_seconds") is None:
                 return []
@@ -375,7 +410,7 @@ def format_markdown(r: dict) -> str:
                   "another in one Tuner, as a search runs them:", "",
                   "| way | wall (s) | of which the training loop (s) | ÷ bare |", "| --- | ---: | ---: | ---: |",
                   f"| bare loop (this process) | {ov['bare_seconds']:.1f} | {ov['bare_train_seconds']:.1f} | 1.00 |",
-                  *way("Ray Train, 1 worker", "ray_train", f"{ov['ray_train_train_seconds']:.1f}"),
+                  *way("Ray Train, 1 worker", "ray_train", _f(ov.get("ray_train_train_seconds"), ".1f")),
                   *way("Tune trial running Ray Train: first", "tune_trial"),
                   *way("Tune trial running Ray Train: each later one", "tune_trial_next"),
                   *way("Tune trial training in its own process: first", "tune_in_trial"),
@@ -394,8 +429,9 @@ def format_markdown(r: dict) -> str:
                           f"{c['trainer_percent']:.1f}, Ray's {c['processes']} other processes and this one "
                           f"{c['others_percent']:.1f} (most: {top}); with every core training, the loop loses about "
                           "twice the latter.", ""]
+        threads = ov.get("torch_threads", {})
         lines += [f"`ray.init` (once per search, not per trial): {_f(ov.get('ray_init_seconds'), '.1f', ' s')}; torch "
-                  f"threads bare / on the Ray worker: {ov['torch_threads']['bare']} / {ov['torch_threads']['ray_train']}.",
+                  f"threads bare / on the Ray worker: {threads.get('bare', '—')} / {threads.get('ray_train', '—')}.",
                   ""]
     g = r.get("gpu")
     if g:

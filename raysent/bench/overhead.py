@@ -192,14 +192,24 @@ def bench_overhead(raw_config: dict, steps: int, cpus: float, trials: int = 2, s
         with RayCpu() as cpu:
             out["tune_in_trial_each"] = _tune_trials(in_trial, trials, cpus, root / "tune-in-trial")
         out["tune_in_trial_cpu"] = cpu.summary()
+    except Exception as exc:
+        from raysent.bench import PartFailed
+
+        raise PartFailed(_ratios(out)) from exc  # the ways measured before the one that failed
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    return _ratios(out)
+
+
+def _ratios(out: dict) -> dict:
+    """Each way's time ÷ the bare loop's, for the ways measured."""
     for way in ("tune_trial", "tune_in_trial"):
-        each = out[f"{way}_each"]
-        out[f"{way}_seconds"] = each[0]  # the first trial of a search (Tune's trial process started)
-        out[f"{way}_next_seconds"] = sum(each[1:]) / len(each[1:]) if len(each) > 1 else None
+        each = out.get(f"{way}_each")
+        if each:
+            out[f"{way}_seconds"] = each[0]  # the first trial of a search (Tune's trial process started)
+            out[f"{way}_next_seconds"] = sum(each[1:]) / len(each[1:]) if len(each) > 1 else None
     for way in ("ray_train", "tune_trial", "tune_trial_next", "tune_in_trial", "tune_in_trial_next"):
-        if out.get(f"{way}_seconds") is not None:
+        if out.get(f"{way}_seconds") is not None and "bare_seconds" in out:
             out[f"{way}_ratio"] = out[f"{way}_seconds"] / out["bare_seconds"]
             out[f"{way}_overhead"] = out[f"{way}_ratio"] - 1.0
     return out
