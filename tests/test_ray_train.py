@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -161,12 +163,27 @@ def test_raysent_train_on_two_workers_improves_the_raw_encoder(two_worker_run):
     assert ev["dev_spearman"] == pytest.approx(best, abs=1e-6)
 
 
+def wait_for(condition, seconds: float = 20.0) -> bool:
+    deadline = time.time() + seconds
+    while not condition():
+        if time.time() > deadline:
+            return False
+        time.sleep(0.5)
+    return True
+
+
 def test_a_dying_worker_is_replaced_and_the_run_resumes_exactly(two_worker_run):
+    from ray.util.state import list_actors
+
     from raysent.train.ray_train import train_with_ray
 
     tmp, uninterrupted = two_worker_run
     cfg = with_overrides(load_config(tmp / "exp.yaml"), {"train.output_dir": str(tmp / "crash")})
+    sigint = signal.getsignal(signal.SIGINT)
     summary = train_with_ray(cfg, quiet=True, fail_at_step=15)  # the last worker raises at step 15
+    # Ray Train's Ctrl-C handler for the run is gone with it, and with it the finished run's controller actor
+    assert signal.getsignal(signal.SIGINT) is sigint
+    assert wait_for(lambda: not list_actors(filters=[("class_name", "=", "TrainController"), ("state", "=", "ALIVE")]))
     assert summary["resumed_at_step"] == 10  # replaced, and resumed from the step-10 checkpoint
     assert uninterrupted["resumed_at_step"] is uninterrupted["resumed_from"] is None
     # read where Ray keeps it in the run's folder (a copy per worker and restart would be a model and its

@@ -25,8 +25,10 @@ import json
 import logging
 import os
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -405,11 +407,19 @@ def train_one_with_ray(cfg: ExperimentConfig, resume: bool = False, quiet: bool 
 
     t0 = time.time()
     trainer = make_trainer(cfg, resume=resume, quiet=quiet, fail_at_step=fail_at_step, callbacks=callbacks)
+    # fit() in the main thread installs a Ctrl-C handler that aborts its run, and leaves it installed: it would
+    # swallow a later Ctrl-C and keep the finished run's controller actor alive (polling) for as long as the
+    # process lives. The handler from before comes back once fit() returns.
+    main = threading.current_thread() is threading.main_thread()
+    sigint = signal.getsignal(signal.SIGINT) if main else None
     try:
         result = trainer.fit()
     except TrainingFailedError as e:
         raise RaysentError(f"training {cfg.name} failed on Ray Train (after "
                            f"resources.max_failures={cfg.resources.max_failures} retries): {e}") from e
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, sigint)
     return collect(cfg, result, t0)
 
 
