@@ -171,3 +171,16 @@ def test_bench_options_are_checked():
         BenchOptions(eval_sets=["sts17"]).check()
     proc = run_cli("bench", "--parts", "nope", check=False)
     assert proc.returncode == 2 and "allowed: training, speedups, evaluation, overhead, gpu" in proc.stderr
+
+
+@pytest.mark.parametrize("name,peak", [("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H100 PCIe", 756.0),
+                                       ("NVIDIA H100 NVL", 835.0), ("NVIDIA H200", 989.0),
+                                       ("NVIDIA A100-SXM4-80GB", 312.0), ("NVIDIA L40S", 362.0), ("NVIDIA L40", 181.0),
+                                       ("NVIDIA L4", 121.0), ("NVIDIA A10G", 70.0), ("NVIDIA A10", 125.0),
+                                       ("NVIDIA GeForce RTX 4090", 165.0), ("Tesla T4", None)])
+def test_the_device_peak_is_looked_up_by_the_whole_model_name(name, peak):
+    """torch.cuda.get_device_name spellings: a family's name inside a variant's (L4 in L40) does not count."""
+    from raysent.bench import peak_bf16_tflops
+
+    assert peak_bf16_tflops(name) == peak
+

@@ -45,9 +45,19 @@ TARGETS = {
     "tune_train_overhead": 0.05,
     "sg_opt_cached_views": 1.8,
 }
-# dense bf16 peak of common accelerators (TFLOP/s, without sparsity), matched on the device name
-PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 70.0, "L4": 121.0,
-                    "A10": 125.0, "RTX 4090": 165.0, "RTX 3090": 71.0}
+# dense bf16 peak of common accelerators (TFLOP/s, without sparsity): the first pattern found in the device
+# name (torch.cuda.get_device_name) counts, so variants come before their family; anything else: --peak-tflops
+PEAK_BF16_TFLOPS = {r"\bH200\b": 989.0, r"\bH100\b.*\bPCIe\b": 756.0, r"\bH100\b.*\bNVL\b": 835.0,
+                    r"\bH100\b": 989.0, r"\bA100\b": 312.0, r"\bL40S\b": 362.0, r"\bL40\b": 181.0,
+                    r"\bA10G\b": 70.0, r"\bA10\b": 125.0, r"\bL4\b": 121.0, r"\bRTX 4090\b": 165.0,
+                    r"\bRTX 3090\b": 71.0}
+
+
+def peak_bf16_tflops(device_name: str) -> float | None:
+    """The dense bf16 peak of a device from its name, None when it is not in PEAK_BF16_TFLOPS."""
+    import re
+
+    return next((v for pattern, v in PEAK_BF16_TFLOPS.items() if re.search(pattern, device_name)), None)
 
 
 @dataclass
@@ -193,7 +203,7 @@ def bench_gpu(opts: BenchOptions, say) -> dict:
     if not torch.cuda.is_available():
         return {"skipped": "no CUDA device"}
     name = torch.cuda.get_device_name(0)
-    peak = opts.peak_tflops or next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
+    peak = opts.peak_tflops or peak_bf16_tflops(name)
     out = {"device": name, "peak_bf16_tflops": peak, "cases": {}}
     for label, spec in (("simcse-unsup bf16", _method_spec(opts, "simcse-unsup", "simcse-unsup", precision="bf16")),
                         ("simcse-unsup fp32", _method_spec(opts, "simcse-unsup", "simcse-unsup")),
