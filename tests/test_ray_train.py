@@ -179,11 +179,15 @@ def test_a_dying_worker_is_replaced_and_the_run_resumes_exactly(two_worker_run):
 
     tmp, uninterrupted = two_worker_run
     cfg = with_overrides(load_config(tmp / "exp.yaml"), {"train.output_dir": str(tmp / "crash")})
-    sigint = signal.getsignal(signal.SIGINT)
+    def controllers() -> dict:
+        return {a.actor_id: a for a in list_actors(filters=[("class_name", "=", "TrainController"),
+                                                             ("state", "=", "ALIVE")], detail=True)}
+
+    sigint, before = signal.getsignal(signal.SIGINT), controllers()
     summary = train_with_ray(cfg, quiet=True, fail_at_step=15)  # the last worker raises at step 15
     # Ray Train's Ctrl-C handler for the run is gone with it, and with it the finished run's controller actor
     assert signal.getsignal(signal.SIGINT) is sigint
-    assert wait_for(lambda: not list_actors(filters=[("class_name", "=", "TrainController"), ("state", "=", "ALIVE")]))
+    assert wait_for(lambda: not set(controllers()) - set(before)), controllers()
     assert summary["resumed_at_step"] == 10  # replaced, and resumed from the step-10 checkpoint
     assert uninterrupted["resumed_at_step"] is uninterrupted["resumed_from"] is None
     # read where Ray keeps it in the run's folder (a copy per worker and restart would be a model and its
