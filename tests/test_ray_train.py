@@ -179,6 +179,7 @@ def test_a_dying_worker_is_replaced_and_the_run_resumes_exactly(two_worker_run):
 
     tmp, uninterrupted = two_worker_run
     cfg = with_overrides(load_config(tmp / "exp.yaml"), {"train.output_dir": str(tmp / "crash")})
+
     def controllers() -> dict:
         return {a.actor_id: a for a in list_actors(filters=[("class_name", "=", "TrainController"),
                                                              ("state", "=", "ALIVE")], detail=True)}
