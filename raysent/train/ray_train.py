@@ -418,7 +418,7 @@ def train_one_with_ray(cfg: ExperimentConfig, resume: bool = False, quiet: bool 
         raise RaysentError(f"training {cfg.name} failed on Ray Train (after "
                            f"resources.max_failures={cfg.resources.max_failures} retries): {e}") from e
     finally:
-        if main:
+        if sigint is not None:  # None also when the handler was not set from Python: leave it then
             signal.signal(signal.SIGINT, sigint)
     return collect(cfg, result, t0)
 
