@@ -22,13 +22,13 @@ from conftest import RAW_BERT, REPO, json_summary_last, run_cli
 pytestmark = pytest.mark.slow
 
 
-def experiment(tmp_path, name: str, search: str, seeds: str, sts_sets: str = "null") -> str:
+def experiment(tmp_path, name: str, search: str, seeds: str, sts_sets: str = "null", max_steps: int = 4) -> str:
     text = f"""\
 name: {name}
 method: simcse-unsup
 model: {{name: {RAW_BERT}}}
 data: {{train: sts-unlabeled, dev: sickr:dev, max_train_samples: 256}}
-train: {{batch_size: 16, max_steps: 4, eval_every: 2, max_length: 24, lr: 1.0e-4, eval_at_start: false}}
+train: {{batch_size: 16, max_steps: {max_steps}, eval_every: 2, max_length: 24, lr: 1.0e-4, eval_at_start: false}}
 params: {{pooling: mean}}
 eval: {{tasks: [sts], sts_sets: {sts_sets}, batch_size: 256, max_length: 64}}
 seeds: {seeds}
@@ -184,9 +184,7 @@ def test_trials_training_in_their_own_process_reuse_it_even_after_asha_stops_one
 
     from raysent.tune.search import tune_experiment
 
-    path = experiment(tmp_path, "asha", ASHA_SEARCH, "[1]", sts_sets="[stsb]")
-    text = open(path).read().replace("max_steps: 4,", "max_steps: 8,")
-    open(path, "w").write(text)
+    path = experiment(tmp_path, "asha", ASHA_SEARCH, "[1]", sts_sets="[stsb]", max_steps=8)
     cfg = load_config(path)
     assert cfg.resources.workers is None
     summary = tune_experiment(cfg, quiet=True, final_only=False)
@@ -232,11 +230,10 @@ def test_trials_training_in_their_own_process_reuse_it_even_after_asha_stops_one
 
 
 def test_an_interrupted_asha_search_resumes_and_records_the_trials_it_stops(ray_cluster, tmp_path):
-    """Ctrl-C after ASHA's first trial, then --resume: the scheduler's rungs come back with the search, so
-    the later trials are still compared with the first and stopped; every configuration is recorded once,
-    finished (runs/) or stopped (stopped/, best model kept, checkpoint gone)."""
-    path = experiment(tmp_path, "asha-resume", ASHA_SEARCH, "[1]", sts_sets="[stsb]")
-    Path(path).write_text(Path(path).read_text().replace("max_steps: 4,", "max_steps: 8,"))
+    """Ctrl-C after ASHA's first finished trial, then --resume: every configuration is recorded once,
+    finished (runs/) or stopped by ASHA (stopped/, best model kept, checkpoint gone), and the summary names
+    the stopped ones."""
+    path = experiment(tmp_path, "asha-resume", ASHA_SEARCH, "[1]", sts_sets="[stsb]", max_steps=8)
     exp = tmp_path / "results" / "asha-resume"
     summary = interrupt_and_resume(ray_cluster, path, exp / "runs", expected=3)
     finished = [json.loads(p.read_text()) for p in (exp / "runs").glob("search-*.json")]
