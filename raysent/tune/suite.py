@@ -1,0 +1,357 @@
+"""`raysent suite`: a benchmark of several methods, each with the paper's defaults and searched.
+
+A suite file (``benchmarks/mini.yaml``) lists experiments: an experiment YAML of ``search_spaces/``
+and the overrides that scale it to the suite's budget. Every entry has up to two arms:
+
+``paper``
+    the configuration as given (the paper's defaults at the suite's budget), the final phase only,
+    on the suite's seeds: ``raysent tune --final-only``;
+``searched``
+    the entry's search space searched with Optuna, then its best configuration on the same seeds.
+
+Arms run one after another as experiments named ``<suite>-<entry>-<arm>`` under the same results
+folder, each one exactly as ``raysent tune`` runs it (run records, MLflow, resume). ``--resume``
+continues an interrupted suite: finished experiments are skipped, an interrupted one continues where
+it stopped (``raysent tune --resume``). At the end the suite writes its combined table (every
+arm, with the papers' rows beside it) and the searched-vs-paper comparison of every entry (paired
+over the seeds: mean Δ, t-test, Wilcoxon) to ``results/<suite>/``.
+
+The time estimate of ``--dry-run`` is the suite's own cost model (``estimate`` in the file): seconds
+per optimizer step of each method, per dev evaluation, per test evaluation and per run, as measured
+on the machine the suite was written for.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from raysent.config import ExperimentConfig, load_config, parse_config, with_overrides
+from raysent.errors import ConfigError, RaysentError
+
+ARMS = ("paper", "searched")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SuiteEntry(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$", description="names <suite>-<name>-<arm>")
+    config: str = Field(description="experiment YAML, relative to the suite file")
+    set: dict[str, Any] = Field(default_factory=dict, description="overrides (as --set) after the suite's own")
+    space: dict[str, Any] = Field(default_factory=dict, description="search-space entries added or replaced "
+                                  "(null removes one)")
+    arms: list[Literal["paper", "searched"]] = Field(default_factory=lambda: list(ARMS))
+    label: str | None = Field(None, description="the row's name in the tables (default: the entry's name)")
+
+
+class Estimate(_Strict):
+    device: str = Field("cpu", description="what the costs were measured on")
+    step_seconds: dict[str, float] = Field(default_factory=lambda: {"default": 1.0},
+                                           description="seconds per optimizer step, by method (and 'default')")
+    dev_eval_seconds: float = 3.0
+    test_eval_seconds: float = 20.0
+    run_overhead_seconds: float = 5.0
+    train_sizes: dict[str, int] = Field(default_factory=dict, description="training examples of data specs whose "
+                                        "size is not known here (for runs given in epochs)")
+    reference_batch: int = Field(64, description="the batch size step_seconds were measured at")
+    reference_length: int = Field(32, description="the max length step_seconds were measured at (a step costs in "
+                                  "proportion to batch x max length)")
+
+
+class SuiteConfig(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+    description: str = ""
+    set: dict[str, Any] = Field(default_factory=dict, description="overrides of every experiment")
+    estimate: Estimate = Field(default_factory=Estimate)
+    experiments: list[SuiteEntry]
+
+
+def load_suite(path: str | Path) -> SuiteConfig:
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: file not found") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: a suite file is a mapping with name, set, estimate and experiments")
+    try:
+        suite = SuiteConfig(**raw)
+    except ValidationError as exc:
+        e = exc.errors()[0]
+        where = ".".join(str(p) for p in e["loc"])
+        raise ConfigError(f"{path}: field {where}: {e['msg']} (got {e.get('input')!r})") from None
+    names = [e.name for e in suite.experiments]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ConfigError(f"{path}: experiments: names must be unique, repeated: {', '.join(dup)}")
+    return suite
+
+
+def arm_name(suite: SuiteConfig, entry: SuiteEntry, arm: str) -> str:
+    return f"{suite.name}-{entry.name}-{arm}"
+
+
+def arm_config(suite: SuiteConfig, entry: SuiteEntry, arm: str, base: Path) -> ExperimentConfig:
+    """The experiment one arm runs: the entry's YAML with the suite's and the entry's overrides."""
+    src = (base / entry.config) if not Path(entry.config).is_absolute() else Path(entry.config)
+    where = f"{base / 'suite'}: experiment {entry.name!r}"
+    try:
+        cfg = load_config(src)
+        cfg = with_overrides(cfg, {**suite.set, **entry.set, "name": arm_name(suite, entry, arm)})
+        if entry.space:
+            raw = cfg.to_dict()
+            if raw.get("search") is None:
+                raise ConfigError(f"{src}: has no search part to add 'space' entries to")
+            space = raw["search"]["space"]
+            for key, value in entry.space.items():
+                if value is None:
+                    space.pop(key, None)
+                else:
+                    space[key] = value
+            cfg = parse_config(raw, source=str(src))
+    except RaysentError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    if arm == "searched" and cfg.search is None:
+        raise ConfigError(f"{where}: arm 'searched' needs a search part in {src}")
+    return cfg
+
+
+def arms(suite: SuiteConfig, base: Path, only: list[str] | None = None) -> list[tuple[SuiteEntry, str, ExperimentConfig]]:
+    if only:
+        unknown = sorted(set(only) - {e.name for e in suite.experiments})
+        if unknown:
+            raise ConfigError(f"--only {','.join(unknown)}: not in the suite; its experiments: "
+                              f"{', '.join(e.name for e in suite.experiments)}")
+    return [(e, a, arm_config(suite, e, a, base)) for e in suite.experiments if not only or e.name in only
+            for a in e.arms]
+
+
+# --------------------------------------------------------------------------- the estimate
+def run_steps(cfg: ExperimentConfig, est: Estimate) -> int:
+    """Optimizer steps of one run (every stage): max_steps, else epochs over the training data."""
+    from raysent.methods import get_method
+
+    method = get_method(cfg.method)
+    if not getattr(method, "trains", True):
+        return 0
+    t = cfg.train
+    params = cfg.params
+    stages = 2 if params.get("supervision") in ("sup-unsup", "joint-unsup") else 1
+    if t.max_steps:
+        return t.max_steps * stages
+    total = 0
+    for stage in range(stages):
+        spec = (cfg.data.sup if stage == 0 and stages == 2 else cfg.data.train) or next(
+            iter(method.data_defaults.values()), None)
+        n = cfg.data.max_train_samples or est.train_sizes.get(spec) or _local_size(spec)
+        epochs = params.get("sup_epochs", 1) if stage == 0 and stages == 2 else t.epochs
+        total += epochs * math.ceil(n / t.batch_size)
+    return total
+
+
+def _local_size(spec: str | None) -> int:
+    if spec is None:
+        raise ConfigError("a run given in epochs needs its training data's size: add it to estimate.train_sizes")
+    from raysent.data.datasets import load
+
+    try:
+        return len(load(spec))
+    except RaysentError:
+        raise ConfigError(f"training data {spec!r} is not available here, so its size is unknown: add it to the "
+                          "suite's estimate.train_sizes") from None
+
+
+def estimate_seconds(cfg: ExperimentConfig, arm: str, est: Estimate) -> dict:
+    """Runs and seconds of one arm by the suite's cost model."""
+    steps = run_steps(cfg, est)
+    per_step = est.step_seconds.get(cfg.method, est.step_seconds.get("default", 1.0))
+    per_step *= cfg.train.batch_size * cfg.train.max_length / (est.reference_batch * est.reference_length)
+    evals = (steps // cfg.train.eval_every + 2) if steps else 1
+    train = steps * per_step + evals * est.dev_eval_seconds + est.run_overhead_seconds
+    final = len(cfg.seeds)
+    search = 0
+    if arm == "searched":
+        from raysent.tune.search import search_trials
+
+        search = search_trials(cfg.search)
+    conc = cfg.search.max_concurrent_trials if cfg.search else 1
+    run_seconds = search * train + final * (train + est.test_eval_seconds)
+    r = cfg.resources
+    gpus = (r.workers or 1) * r.gpus_per_worker
+    return {"search_runs": search, "final_runs": final, "steps_per_run": steps, "seconds": run_seconds / max(1, conc),
+            "gpu_seconds": run_seconds * gpus}
+
+
+# --------------------------------------------------------------------------- what a run reads
+def sources(cfg: ExperimentConfig) -> dict[str, str]:
+    """Every model and data split an experiment reads, and where from: a local path, or the hub (a download)."""
+    from raysent.data.datasets import DATASETS, STS_TASKS, _local_files, parse_spec
+    from raysent.methods import get_method
+    from raysent.models.encoder import resolve_model
+
+    out: dict[str, str] = {}
+    path, _ = resolve_model(cfg.model.name)
+    out[f"model {cfg.model.name}"] = (f"local: {path}" if path != cfg.model.name or Path(path).is_dir()
+                                      else f"download: Hugging Face hub {cfg.model.name}")
+    method = get_method(cfg.method)
+    specs = [cfg.data.train or next(iter(method.data_defaults.values()), None), cfg.data.sup, *cfg.data.dev,
+             *(cfg.eval.sts_sets or STS_TASKS)]
+    for spec in filter(None, specs):
+        name, splits = parse_spec(spec)
+        if name == "path":
+            out[f"data {spec}"] = f"local: {splits[0]}"
+            continue
+        if name in ("sts-unlabeled", "stsb-unlabeled"):  # built from the STS sets' text
+            base = ["stsb:train", "stsb:dev", "stsb:test"] + ([] if name == "stsb-unlabeled" else [
+                *STS_TASKS[:5], "sickr:train", "sickr:dev", "sickr:test"])
+            specs.extend(base)
+            out[f"data {spec}"] = "built from the STS sets below (transductive)"
+            continue
+        decl = DATASETS[name]
+        for split in splits:
+            files = _local_files(decl, split)
+            hub = decl.hub.get(split)
+            sample = files and decl.local_notes.get(split) and not (
+                name == "wiki1m" and files[0].name == "wiki1m_for_simcse.txt")
+            out[f"data {name}:{split}"] = (f"local: {', '.join(str(f) for f in files)}"
+                                           + (" (a local stand-in, not the paper's full set: see `raysent data`)"
+                                              if sample else "") if files else
+                                           f"download: Hugging Face hub {hub.repo}{'/' + hub.file if hub and hub.file else ''}"
+                                           if hub else "missing: not local and not on the hub")
+    return out
+
+
+# --------------------------------------------------------------------------- running
+def status(cfg: ExperimentConfig) -> str:
+    """'done', 'started' or 'new' for one arm's experiment folder."""
+    from raysent.tune.search import STATE_FILE, experiment_dir
+
+    state_file = experiment_dir(cfg) / STATE_FILE
+    if not state_file.is_file():
+        return "new"
+    return "done" if json.loads(state_file.read_text()).get("phase") == "done" else "started"
+
+
+def plan(path: str | Path, only: list[str] | None = None) -> dict:
+    path = Path(path)
+    suite = load_suite(path)
+    rows, total, gpu, reads = [], 0.0, 0.0, {}
+    for entry, arm, cfg in arms(suite, path.parent, only):
+        reads.update(sources(cfg))
+        e = estimate_seconds(cfg, arm, suite.estimate)
+        total += e["seconds"]
+        gpu += e["gpu_seconds"]
+        rows.append({"experiment": cfg.name, "method": cfg.method, "arm": arm, "status": status(cfg),
+                     "search runs": e["search_runs"], "final runs": e["final_runs"],
+                     "steps per run": e["steps_per_run"], "batch": cfg.train.batch_size,
+                     "estimated wall minutes": round(e["seconds"] / 60, 1),
+                     **({"searched": sorted(cfg.search.space)} if arm == "searched" else {})})
+    return {"suite": suite.name, "file": str(path), "experiments": rows,
+            "runs": sum(r["search runs"] + r["final runs"] for r in rows),
+            "estimated wall hours": round(total / 3600, 2),
+            **({"estimated GPU-hours": round(gpu / 3600, 1)} if gpu else {}),
+            "estimate from": f"{path}: estimate ({suite.estimate.device})",
+            "downloads": sorted(f"{k}: {v.split(': ', 1)[1]}" for k, v in reads.items() if v.startswith("download")),
+            "missing": sorted(k for k, v in reads.items() if v.startswith("missing")),
+            "local": sorted(k for k, v in reads.items() if v.startswith("local"))}
+
+
+def run_suite(path: str | Path, resume: bool = False, only: list[str] | None = None, say=print) -> dict:
+    """Every arm in order (finished ones skipped with ``resume``), then the table and the comparisons."""
+    from raysent.tune.search import experiment_dir, tune_experiment
+
+    path = Path(path)
+    suite = load_suite(path)
+    todo = arms(suite, path.parent, only)
+    started = [c.name for _, _, c in todo if status(c) != "new"]
+    if started and not resume:
+        raise RaysentError(f"suite {suite.name}: {len(started)} experiment(s) already have results "
+                           f"({', '.join(started[:3])}{', ...' if len(started) > 3 else ''}); "
+                           "`raysent suite FILE --resume` continues the suite (finished experiments are kept)")
+    t0 = time.time()
+    done = []
+    for i, (entry, arm, cfg) in enumerate(todo, 1):
+        st = status(cfg)
+        if st == "done":
+            say(f"[{i}/{len(todo)}] {cfg.name}: finished before, kept")
+            done.append(cfg.name)
+            continue
+        say(f"[{i}/{len(todo)}] {cfg.name}: {entry.name} with the "
+            + ("paper's defaults" if arm == "paper" else f"search over {', '.join(sorted(cfg.search.space))}")
+            + f" ({time.time() - t0:.0f} s into the suite)")
+        a = time.time()
+        tune_experiment(cfg, resume=st == "started", final_only=arm == "paper", quiet=True,
+                        source=f"{path} ({entry.name}, {arm})")
+        say(f"[{i}/{len(todo)}] {cfg.name}: done in {time.time() - a:.0f} s, results in {experiment_dir(cfg)}")
+        done.append(cfg.name)
+    results_dir = Path(todo[0][2].tracking.results_dir) if todo else Path("results")
+    report = write_report(suite, path, results_dir)
+    report["wall_seconds"] = time.time() - t0
+    return report
+
+
+def write_report(suite: SuiteConfig, path: Path, results_dir: Path) -> dict:
+    """The suite's combined table and its searched-vs-paper comparisons, in results/<suite>/."""
+    from raysent.report.compare import compare
+    from raysent.report.runs import load_experiment
+    from raysent.report.table import build_table
+
+    out = results_dir / suite.name
+    out.mkdir(parents=True, exist_ok=True)
+    names = [arm_name(suite, e, a) for e in suite.experiments for a in e.arms
+             if (results_dir / arm_name(suite, e, a) / "runs").is_dir()]
+    runs = [r for n in names for r in load_experiment(n, results_dir, "final")]
+    published = results_dir / "published.yaml"
+    table = build_table(runs, published="match" if published.is_file() else None,
+                        published_file=published if published.is_file() else None)
+    table.write(out / "table")
+    comparisons = []
+    for e in suite.experiments:
+        a, b = arm_name(suite, e, "paper"), arm_name(suite, e, "searched")
+        if not all((results_dir / n / "runs").is_dir() for n in (a, b)):
+            continue
+        res = compare([a, b], results_dir)
+        comparisons.append({"experiment": e.name, "label": e.label or e.name, **res})
+    (out / "compare.json").write_text(json.dumps(comparisons, indent=2, default=str))
+    (out / "compare.md").write_text(format_comparisons(comparisons))
+    return {"suite": suite.name, "table": str(out / "table.md"), "compare": str(out / "compare.md"),
+            "experiments": names, "table_markdown": table.to_markdown(), "compare_markdown": format_comparisons(comparisons)}
+
+
+def format_comparisons(comparisons: list[dict], task: str = "avg") -> str:
+    """One line per entry: paper defaults vs searched on ``task`` (Avg of the 7 STS sets), paired over seeds."""
+    lines = ["| Method | paper defaults | searched | Δ (searched − paper) | n | t-test p | Wilcoxon p | searched best |",
+             "| :--- | ---: | ---: | ---: | ---: | ---: | ---: | :--- |"]
+
+    def f(m, s):
+        return "—" if m is None else f"{m:.2f}" + (f"±{s:.2f}" if s is not None else "")
+
+    def p(v):
+        return "—" if v is None else (f"{v:.3g}" if v >= 1e-3 else f"{v:.1e}")
+
+    for c in comparisons:
+        comp = c["comparisons"][0]
+        r = comp["tasks"].get(task)
+        if r is None:
+            continue
+        hp = ", ".join(f"{k}={v}" for k, v in comp["run"]["hp"].items())
+        lines.append(f"| {c['label']} | {f(r['a_mean'], r['a_std'])} | {f(r['b_mean'], r['b_std'])} | "
+                     + ("—" if r["diff_mean"] is None else f"{r['diff_mean']:+.2f}"
+                        + (f"±{r['diff_std']:.2f}" if r["diff_std"] is not None else ""))
+                     + f" | {r['n']} | {p(r['t_p'])} | {p(r['wilcoxon_p'])} | {hp} |")
+    lines.append("")
+    what = "Avg of STS12-16 ('all'), STS-B and SICK-R test" if task == "avg" else task
+    lines.append(f"Spearman ×100, {what}; mean±std over the paired seeds "
+                 "(sample std); p two-sided (paired t-test, Wilcoxon signed-rank; with 5 seeds Wilcoxon's "
+                 "smallest possible p is 0.0625).")
+    return "\n".join(lines) + "\n"

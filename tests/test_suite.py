@@ -1,0 +1,151 @@
+"""`raysent suite`: the shipped suite files plan what they say (runs, steps, estimate, downloads), bad suite
+files are refused with the file and the field, and a tiny suite really runs both arms, is resumed after an
+interruption without re-running a finished experiment, and writes its table and its paired comparison, which
+is checked against scipy on the run files."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from raysent.errors import ConfigError, RaysentError
+from raysent.tune.suite import format_comparisons, load_suite, plan, run_suite
+
+from conftest import RAW_BERT, REPO, run_cli
+
+
+def test_mini_suite_plan():
+    p = plan(REPO / "benchmarks" / "mini.yaml")
+    rows = {r["experiment"]: r for r in p["experiments"]}
+    methods = ["simcse-unsup", "simcse-sup", "sg", "sg-opt", "consert", "consert-joint-unsup", "layeratt",
+               "supcon", "sbert-nli"]
+    for m in methods:  # every method has both arms on the same budget
+        paper, searched = rows[f"mini-{m}-paper"], rows[f"mini-{m}-searched"]
+        assert paper["final runs"] == searched["final runs"] == 5
+        assert paper["search runs"] == 0 and searched["search runs"] == 8
+        assert paper["steps per run"] == searched["steps per run"] == (80 if m == "consert-joint-unsup" else 40)
+        assert "lr" in searched["searched"] and "batch_size" not in searched["searched"]
+    for b in ("cls", "mean", "first-last"):
+        assert rows[f"mini-baseline-{b}-paper"]["steps per run"] == 0
+    assert p["runs"] == 9 * 18 + 3
+    assert p["downloads"] == [] and p["missing"] == []  # runs without the hub
+    assert 0.5 < p["estimated wall hours"] < 3
+
+
+def test_paper_suite_plan_lists_downloads_and_gpu_hours():
+    p = plan(REPO / "benchmarks" / "paper.yaml")
+    rows = {r["experiment"]: r for r in p["experiments"]}
+    # the papers' budgets: SimCSE one epoch of wiki1m at batch 64, SG-OPT one epoch of STS-B's 17,256 sentences
+    assert rows["paper-simcse-unsup-paper"]["steps per run"] == math.ceil(1_000_000 / 64)
+    assert rows["paper-sg-opt-paper"]["steps per run"] == math.ceil(17_256 / 16)
+    assert rows["paper-sg-opt-paper"]["final runs"] == 8  # the paper's 8 seeds
+    assert any(d.startswith("model bert-base-uncased") for d in p["downloads"])
+    assert p["estimated GPU-hours"] > p["estimated wall hours"] > 0
+
+
+def test_suite_dry_run_cli():
+    proc = run_cli("suite", "benchmarks/mini.yaml", "--dry-run", "--only", "sg-opt", "--format", "json")
+    p = json.loads(proc.stdout)
+    assert [r["experiment"] for r in p["experiments"]] == ["mini-sg-opt-paper", "mini-sg-opt-searched"]
+
+
+@pytest.mark.parametrize("body, field", [
+    ("name: x\nexperiments: [{name: a, config: c.yaml, arms: [best]}]\n", "experiments.0.arms.0"),
+    ("name: x\nexperiments: [{name: a, config: c.yaml}]\nsteps: 3\n", "steps"),
+    ("name: x\nexperiments: [{name: a, config: c.yaml}, {name: a, config: d.yaml}]\n", "repeated: a"),
+])
+def test_bad_suite_files_name_the_field(tmp_path, body, field):
+    path = tmp_path / "bad.yaml"
+    path.write_text(body)
+    with pytest.raises(ConfigError) as exc:
+        load_suite(path)
+    assert str(path) in str(exc.value) and field in str(exc.value)
+
+
+def test_unknown_entry_and_bad_override(tmp_path):
+    with pytest.raises(ConfigError, match="--only nope: not in the suite"):
+        plan(REPO / "benchmarks" / "mini.yaml", only=["nope"])
+    path = tmp_path / "s.yaml"
+    path.write_text(f"name: s\nexperiments: [{{name: a, config: {REPO / 'search_spaces/sgopt.yaml'}, "
+                    "set: {temprature: 0.1}}]\n")
+    with pytest.raises(ConfigError, match="experiment 'a'.*temprature.*did you mean"):
+        plan(path)
+
+
+SUITE = """\
+name: tiny
+set:
+  model.name: {model}
+  train.max_steps: 3
+  train.eval_every: 1
+  train.batch_size: 16
+  train.max_length: 24
+  data.max_train_samples: 128
+  data.dev: [sickr:dev]
+  eval.sts_sets: [stsb]
+  seeds: [1, 2]
+  search.num_samples: 2
+  search.seeds: 1
+  search.max_concurrent_trials: 2
+  resources.workers: null
+  resources.cpus_per_worker: 1
+  tracking.results_dir: {results}
+estimate: {{step_seconds: {{default: 0.1}}}}
+experiments:
+  - name: base
+    config: {repo}/search_spaces/baseline.yaml
+    set: {{params: {{pooling: mean}}, seeds: [1]}}
+    arms: [paper]
+  - name: simcse
+    config: {repo}/search_spaces/simcse-unsup.yaml
+    set: {{params: {{pooling: mean, temperature: 0.05}}, data.train: stsb-unlabeled}}
+    space: {{batch_size: null, lr: {{type: choice, values: [1.0e-5, 3.0e-4]}}}}
+"""
+
+
+@pytest.mark.slow
+def test_tiny_suite_runs_resumes_and_compares(ray_cluster, tmp_path):
+    results = tmp_path / "results"
+    path = tmp_path / "tiny.yaml"
+    path.write_text(SUITE.format(model=RAW_BERT, results=results, repo=REPO))
+
+    # an interrupted suite: only the first experiment finished
+    run_suite(path, only=["base"], say=lambda m: None)
+    with pytest.raises(RaysentError, match="--resume"):
+        run_suite(path, say=lambda m: None)
+    said: list[str] = []
+    report = run_suite(path, resume=True, say=said.append)
+    assert any("tiny-base-paper: finished before, kept" in s for s in said)
+    assert len(list((results / "tiny-base-paper" / "runs").glob("*.json"))) == 1  # not run twice
+    assert report["experiments"] == ["tiny-base-paper", "tiny-simcse-paper", "tiny-simcse-searched"]
+
+    # both arms ran on the same seeds; the searched arm's final configuration is one of its searched ones
+    recs = {arm: {r["seed"]: r for r in map(json.loads, (p.read_text() for p in
+                                                         (results / f"tiny-simcse-{arm}" / "runs").glob("final-*")))}
+            for arm in ("paper", "searched")}
+    assert set(recs["paper"]) == set(recs["searched"]) == {1, 2}
+    assert recs["searched"][1]["hp"]["lr"] in (1.0e-5, 3.0e-4) and recs["paper"][1]["hp"] == {}
+    assert recs["paper"][1]["hyperparameters"]["lr"] == 3.0e-5  # the paper's lr (SimCSE)
+    assert len(list((results / "tiny-simcse-searched" / "runs").glob("search-*"))) == 2
+    for arm in recs.values():
+        for r in arm.values():
+            assert r["learned"] is (r["best_step"] > 0)
+
+    # the table has a row per arm; the comparison equals scipy's paired tests on the runs' STS-B scores
+    table = (results / "tiny" / "table.md").read_text()
+    for name in report["experiments"]:
+        assert f"{name}:" in table
+    comp = json.loads((results / "tiny" / "compare.json").read_text())
+    assert [c["experiment"] for c in comp] == ["simcse"]
+    row = comp[0]["comparisons"][0]["tasks"]["stsb"]
+    a = np.array([recs["paper"][s]["scores"]["sts/stsb"] for s in (1, 2)])
+    b = np.array([recs["searched"][s]["scores"]["sts/stsb"] for s in (1, 2)])
+    assert row["diff_mean"] == pytest.approx(float(np.mean(b - a)))
+    if np.any(b != a):
+        assert row["t_p"] == pytest.approx(stats.ttest_rel(b, a).pvalue)
+    line = [ln for ln in format_comparisons(comp, task="stsb").splitlines() if ln.startswith("| simcse |")]
+    assert len(line) == 1 and f"{row['diff_mean']:+.2f}" in line[0]
