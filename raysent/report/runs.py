@@ -106,6 +106,14 @@ class Run:
         return bool(self.data.get("transductive"))
 
     @property
+    def learned(self) -> bool | None:
+        """Whether training improved on the untouched encoder: its best checkpoint is after step 0 (None: a
+        method that does not train, or a record without ``best_step``)."""
+        if self.method == "baseline" or self.data.get("best_step") is None:
+            return None
+        return int(self.data["best_step"]) > 0
+
+    @property
     def unit(self) -> tuple[str, str, str, str]:
         """(experiment, phase, search, config_id): the seeds of one configuration."""
         return (self.experiment, self.phase, self.search, self.config_id)

@@ -1,6 +1,6 @@
 """Paper-style result tables: one row per configuration (or per value of a field), STS12 ... Avg.
 
-``raysent table [EXPERIMENT ...]`` (see README, "Results tables, plots and comparisons").
+``raysent table [EXPERIMENT ...]`` (see docs/search.md, "Results tables, plots and comparisons").
 
 Cells are ``mean±std (n)`` over the runs of a row: the mean, the *sample* standard deviation
 (``ddof=1``, the ± the papers print) and ``n`` the runs that have the score. When fewer runs than
@@ -310,6 +310,9 @@ def build_table(
     for key, rs in groups.items():
         r0 = rs[0]
         trans = " [transductive]" if any(r.transductive for r in rs) else ""
+        flat = [r for r in rs if r.learned is False]
+        if flat:  # the best checkpoint is the untouched encoder: the row reports the input model, not training
+            trans += f" [no learning: {len(flat)}/{len(rs)} at step 0]"
         if group_by:
             vals = dict(zip(group_by, key[2:]))
             gtxt = ", ".join(f"{g}={format_value(v)}" for g, v in vals.items())
@@ -333,6 +336,9 @@ def build_table(
         r.info.pop("_sort", None)
 
     notes = [f"{r.key}: {n}" for r in rows for n in r.notes]
+    if any("[no learning:" in r.label for r in rows):
+        notes.append("[no learning: k/n at step 0]: in k of the row's n runs the best dev score was the untouched "
+                     "encoder's (step 0), so those runs report the input model, not what training made of it")
     if "search" in phases:
         notes.insert(0, "search-phase runs are not evaluated on the test sets (the final phase is), so their test "
                      "cells are empty; their model-selection score is the Dev column")

@@ -108,7 +108,16 @@ def _record(ctx: dict, cfg: ExperimentConfig, hp: dict, seed: int, trial_id: str
         "final_step": summary.get("final_step"), "train_seconds": summary.get("train_seconds"),
         "sentences_per_second": summary.get("sentences_per_second"), "workers": summary.get("workers"),
         "best_model_dir": summary.get("best_model_dir"), "config": cfg.to_dict(), "scores": {},
+        "learned": learned(cfg.method, summary.get("best_step")),
     }
+
+
+def learned(method: str, best_step) -> bool | None:
+    """Whether a run improved on the untouched encoder: its best checkpoint is after step 0 (None for a method
+    that does not train). A run whose best is step 0 reports the input model, not what training made of it."""
+    if method == "baseline" or best_step is None:
+        return None
+    return int(best_step) > 0
 
 
 def _save_record(path: Path, record: dict, cfg: ExperimentConfig, ctx: dict, **mlflow_run) -> None:
@@ -456,6 +465,7 @@ def pick_best(cfg: ExperimentConfig, exp: Path, run: str, mlflow: dict | None, f
     for cid, recs in groups.items():
         scores = [r["best_dev_spearman"] for r in recs]
         row = {"config_id": cid, "hp": recs[0]["hp"], "seeds": [r["seed"] for r in recs],
+               "learned": any(learned(r["method"], r.get("best_step")) is not False for r in recs),
                "dev_mean": float(np.mean(scores)), "dev_std": float(np.std(scores, ddof=1)) if len(scores) > 1 else 0.0,
                "n": len(scores)}
         table.append(row)
@@ -464,7 +474,8 @@ def pick_best(cfg: ExperimentConfig, exp: Path, run: str, mlflow: dict | None, f
                               recs[0]["hp"], cid, {"best_dev_spearman_mean": row["dev_mean"],
                                                    "best_dev_spearman_std": row["dev_std"]},
                               [r["mlflow_run_id"] for r in recs if r.get("mlflow_run_id")], mlflow["parent"])
-    table.sort(key=lambda r: -sign * r["dev_mean"])
+    # on equal scores a configuration that learned wins over one whose every seed kept the untouched encoder
+    table.sort(key=lambda r: (-sign * r["dev_mean"], not r["learned"]))
     from raysent.tune.stopped import STOPPED_DIR
 
     stopped = [{"trial_id": r["trial_id"], "config_id": r["config_id"], "hp": r["hp"], "seed": r["seed"],
@@ -526,7 +537,8 @@ def run_final(cfg: ExperimentConfig, exp: Path, state: dict, best: dict, mlflow:
         log_configuration(mlflow["uri"], mlflow["experiment_id"], final_cfg, "final", best["hp"], best["config_id"],
                           flat, [r["mlflow_run_id"] for r in recs if r.get("mlflow_run_id")], mlflow["parent"])
     return {"seeds": [r["seed"] for r in recs], "missing_seeds": sorted(set(cfg.seeds) - {r["seed"] for r in recs}),
-            "scores": scores, "errors": errors}
+            "scores": scores, "errors": errors,
+            "not_learned_seeds": sorted(r["seed"] for r in recs if learned(r["method"], r.get("best_step")) is False)}
 
 
 def format_summary(summary: dict) -> str:
@@ -534,7 +546,8 @@ def format_summary(summary: dict) -> str:
     best = summary.get("best")
     if best and best.get("configurations"):
         lines.append(f"best configuration: {best['hp']}  dev {best['dev_mean']:.2f}"
-                     + (f" ± {best['dev_std']:.2f}" if best["n"] > 1 else "") + f" over {best['n']} seed(s)")
+                     + (f" ± {best['dev_std']:.2f}" if best["n"] > 1 else "") + f" over {best['n']} seed(s)"
+                     + ("" if best.get("learned", True) else "  (learned nothing: best at step 0 on every seed)"))
         lines.append(f"configurations finished: {len(best['configurations'])}, failed trials: {len(best['failed'])}"
                      + (f", stopped early by the scheduler: {len(best['stopped'])} (stopped/)"
                         if best.get("stopped") else ""))
@@ -544,6 +557,10 @@ def format_summary(summary: dict) -> str:
                      + (f" (missing: {final['missing_seeds']})" if final["missing_seeds"] else "") + ":")
         for k, v in final["scores"].items():
             lines.append(f"  {k:28s} {v['mean']:6.2f} ± {v['std']:.2f} (n={v['n']})")
+        flat = final.get("not_learned_seeds") or []
+        if flat:
+            lines.append(f"NO LEARNING on seed(s) {flat}: the best checkpoint is step 0, the untouched input model; "
+                         f"those scores are the input model's, not the method's")
     lines.append(f"results: {summary['results']} (runs/, best.yaml, summary.json)")
     if summary.get("mlflow"):
         lines.append(f"MLflow: {summary['mlflow']}  (mlflow ui --backend-store-uri {summary['mlflow']})")
