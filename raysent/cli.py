@@ -72,12 +72,17 @@ def cmd_tune(args) -> int:
 
 
 def cmd_suite(args) -> int:
-    from raysent.tune.suite import plan, run_suite
+    from raysent.tune.suite import plan, report_only, run_suite
 
     only = _split_fields(args.only) or None
     if args.dry_run:
         p = plan(args.suite, only=only)
         print(json.dumps(p, indent=2, default=str) if args.format == "json" else yaml_dump(p))
+        return 0
+    if args.report_only:
+        report = report_only(args.suite)
+        print(report["table_markdown"])
+        print(report["compare_markdown"])
         return 0
     with _stdout_for(args.format):
         report = run_suite(args.suite, resume=args.resume, only=only,
@@ -515,6 +520,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "time, and exit")
     su.add_argument("--resume", action="store_true", help="continue an interrupted suite: finished experiments "
                     "are kept, an interrupted one continues from its saved state")
+    su.add_argument("--report-only", action="store_true", help="rewrite the suite's tables and comparisons from the "
+                    "run files there are, without training")
     su.add_argument("--only", action="append", metavar="NAME", help="run (or plan) only these entries; "
                     "repeatable or comma-separated")
     su.add_argument("--format", choices=["text", "json"], default="text", help="summary format")

@@ -225,3 +225,40 @@ def plot_layer_grid(result: dict, path: str | Path, title: str = "") -> Path:
     sets = ", ".join(f"{s} ({n} pairs)" for s, n in result["n_pairs"].items())
     fig.suptitle(title or f"{Path(result['model']).name}: Spearman ×100 per layer and pooling on {sets}", fontsize=10)
     return _save(fig, Path(path))
+
+
+def plot_arm_curves(panels: list[tuple[str, dict[str, list[Run]]]], path: str | Path, title: str = "") -> Path:
+    """One panel per method: the mean dev curve (± std over seeds) of each arm's final-phase runs, with the
+    untouched encoder's score (step 0) as a dotted line. ``panels``: (title, {arm: runs})."""
+    panels = [(t, arms) for t, arms in panels if any(r.dev_curve() for rs in arms.values() for r in rs)]
+    if not panels:
+        raise RaysentError("no run has a dev_curve to plot")
+    cols = 3
+    rows = (len(panels) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows), squeeze=False)
+    colors = {"paper": "tab:blue", "searched": "tab:orange"}
+    for ax, (name, arms) in zip(axes.flat, panels):
+        start = None
+        for arm, runs in arms.items():
+            curves = [dict(r.dev_curve()) for r in runs if r.dev_curve()]
+            steps = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
+            if not steps:
+                continue
+            vals = np.array([[c[s] for s in steps] for c in curves])
+            mean, std = vals.mean(axis=0), vals.std(axis=0, ddof=1) if len(vals) > 1 else np.zeros(len(steps))
+            ax.plot(steps, mean, marker="o", ms=3, color=colors.get(arm), label=f"{arm} (n={len(vals)})")
+            ax.fill_between(steps, mean - std, mean + std, color=colors.get(arm), alpha=0.2)
+            start = start if start is not None else mean[0]
+        if start is not None:
+            ax.axhline(start, color="grey", linestyle=":", linewidth=1)
+        ax.set_title(name, fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="best")
+        ax.set_xlabel("training step", fontsize=8)
+    for ax in axes.flat[len(panels):]:
+        ax.axis("off")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("STS-B dev Spearman ×100", fontsize=8)
+    fig.suptitle(title or "dev score over training: mean ± std over seeds")
+    fig.tight_layout()
+    return _save(fig, Path(path))

@@ -33,7 +33,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from raysent.config import ExperimentConfig, load_config, parse_config, with_overrides
-from raysent.errors import ConfigError, RaysentError
+from raysent.errors import ConfigError, Interrupted, RaysentError
 
 ARMS = ("paper", "searched")
 
@@ -290,8 +290,13 @@ def run_suite(path: str | Path, resume: bool = False, only: list[str] | None = N
             + ("paper's defaults" if arm == "paper" else f"search over {', '.join(sorted(cfg.search.space))}")
             + f" ({time.time() - t0:.0f} s into the suite)")
         a = time.time()
-        tune_experiment(cfg, resume=st == "started", final_only=arm == "paper", quiet=True,
-                        source=f"{path} ({entry.name}, {arm})")
+        try:
+            tune_experiment(cfg, resume=st == "started", final_only=arm == "paper", quiet=True,
+                            source=f"{path} ({entry.name}, {arm})")
+        except (Interrupted, KeyboardInterrupt) as exc:
+            raise Interrupted(f"suite {suite.name} interrupted in {cfg.name} after {len(done)} of {len(todo)} "
+                              f"experiment(s) ({exc or 'Ctrl-C'}); `raysent suite {path} --resume` continues it: "
+                              "finished experiments are kept, this one goes on from its saved state") from None
         say(f"[{i}/{len(todo)}] {cfg.name}: done in {time.time() - a:.0f} s, results in {experiment_dir(cfg)}")
         done.append(cfg.name)
     results_dir = Path(todo[0][2].tracking.results_dir) if todo else Path("results")
@@ -301,7 +306,9 @@ def run_suite(path: str | Path, resume: bool = False, only: list[str] | None = N
 
 
 def write_report(suite: SuiteConfig, path: Path, results_dir: Path) -> dict:
-    """The suite's combined table and its searched-vs-paper comparisons, in results/<suite>/."""
+    """The suite's tables and its searched-vs-paper comparisons, in results/<suite>/: ``table.*`` (every arm,
+    full labels, the papers' rows), ``summary.md`` (one line per method and arm, then the papers' rows) and
+    ``compare.{md,json}``."""
     from raysent.report.compare import compare
     from raysent.report.runs import load_experiment
     from raysent.report.table import build_table
@@ -310,10 +317,14 @@ def write_report(suite: SuiteConfig, path: Path, results_dir: Path) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     names = [arm_name(suite, e, a) for e in suite.experiments for a in e.arms
              if (results_dir / arm_name(suite, e, a) / "runs").is_dir()]
+    if not names:
+        raise RaysentError(f"suite {suite.name}: no experiment has run files under {results_dir}/")
     runs = [r for n in names for r in load_experiment(n, results_dir, "final")]
     published = results_dir / "published.yaml"
+    if not published.is_file():
+        published = Path(__file__).resolve().parents[2] / "results" / "published.yaml"
     table = build_table(runs, published="match" if published.is_file() else None,
-                        published_file=published if published.is_file() else None)
+                        published_file=published if published.is_file() else None, title=f"suite {suite.name}")
     table.write(out / "table")
     comparisons = []
     for e in suite.experiments:
@@ -324,8 +335,68 @@ def write_report(suite: SuiteConfig, path: Path, results_dir: Path) -> dict:
         comparisons.append({"experiment": e.name, "label": e.label or e.name, **res})
     (out / "compare.json").write_text(json.dumps(comparisons, indent=2, default=str))
     (out / "compare.md").write_text(format_comparisons(comparisons))
-    return {"suite": suite.name, "table": str(out / "table.md"), "compare": str(out / "compare.md"),
-            "experiments": names, "table_markdown": table.to_markdown(), "compare_markdown": format_comparisons(comparisons)}
+    summary = format_summary_table(suite, table)
+    (out / "summary.md").write_text(summary)
+    from raysent.report.plots import plot_arm_curves
+
+    by_name = {}
+    for r in runs:
+        by_name.setdefault(r.experiment, []).append(r)
+    panels = [(e.label or e.name, {a: by_name[arm_name(suite, e, a)] for a in e.arms if arm_name(suite, e, a) in by_name})
+              for e in suite.experiments if "paper" in e.arms and len(e.arms) > 1]
+    if any(p[1] for p in panels):
+        plot_arm_curves(panels, out / "plots" / "dev_curves.png",
+                        title=f"suite {suite.name}: STS-B dev over training, final-phase runs, mean ± std over seeds "
+                              "(dotted: step 0)")
+    return {"suite": suite.name, "table": str(out / "table.md"), "summary": str(out / "summary.md"),
+            "compare": str(out / "compare.md"), "experiments": names, "table_markdown": summary,
+            "compare_markdown": format_comparisons(comparisons)}
+
+
+def format_summary_table(suite: SuiteConfig, table) -> str:
+    """One line per entry and arm (mean±std over the seeds; n in the header), then the papers' rows."""
+    from raysent.report.table import TASK_LABELS
+
+    cols = table.columns
+    arm_of = {arm_name(suite, e, a): (e.label or e.name, a) for e in suite.experiments for a in e.arms}
+    lines = ["| Method | arm | n | " + " | ".join(TASK_LABELS[c] for c in cols) + " | learned |",
+             "| :--- | :--- | ---: | " + " | ".join("---:" for _ in cols) + " | :--- |"]
+
+    def cell(c):
+        return "—" if c.mean is None else f"{c.mean:.2f}" + (f"±{c.std:.2f}" if c.std is not None else "")
+
+    ours = [r for r in table.rows if r.kind == "ours"]
+    order = {n: i for i, n in enumerate(arm_of)}
+    for r in sorted(ours, key=lambda r: order.get(r.info["experiment"], 10**6)):
+        label, arm = arm_of.get(r.info["experiment"], (r.info["experiment"], "?"))
+        flat = sum(1 for x in r.runs if x.learned is False)
+        trained = sum(1 for x in r.runs if x.learned is not None)
+        learned = "—" if not trained else ("yes" if not flat else f"no ({flat}/{trained} at step 0)")
+        arm_txt = {"paper": "paper defaults", "searched": "searched"}[arm] if arm in ARMS else arm
+        if r.label.endswith("[transductive]") or "[transductive]" in r.label:
+            arm_txt += " [transductive]"
+        lines.append(f"| {label} | {arm_txt} | {len(r.runs)} | " + " | ".join(cell(r.cells[c]) for c in cols)
+                     + f" | {learned} |")
+    papers = [r for r in table.rows if r.kind == "paper" and "bert-base" in r.model]  # the papers' BERT-base rows
+    for r in papers:
+        runs = next((c.runs_given for c in r.cells.values() if c.runs_given), None)
+        lines.append(f"| {r.label} | {r.model} | {runs or ''} | " + " | ".join(cell(r.cells[c]) for c in cols) + " | |")
+    lines.append("")
+    lines.append("Spearman ×100 of cosine similarity on the test sets, STS12-16 aggregated as 'all'; mean±std over "
+                 "the n seeds (sample std). learned: whether each run's best dev checkpoint came after step 0 (a run "
+                 "whose best is step 0 reports the untouched encoder). [paper]: the papers' own numbers "
+                 "(results/published.yaml), on their encoders and budgets, for reference.")
+    return "\n".join(lines) + "\n"
+
+
+def report_only(path: str | Path) -> dict:
+    """Rewrite the suite's tables and comparisons from the run files there are (no training)."""
+    path = Path(path)
+    suite = load_suite(path)
+    cfg = arm_config(suite, suite.experiments[0], suite.experiments[0].arms[0], path.parent)
+    rep = write_report(suite, path, Path(cfg.tracking.results_dir))
+    rep["wall_seconds"] = 0.0
+    return rep
 
 
 def format_comparisons(comparisons: list[dict], task: str = "avg") -> str:
