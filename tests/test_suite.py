@@ -45,6 +45,17 @@ def test_paper_suite_plan_lists_downloads_and_gpu_hours():
     assert rows["paper-sg-opt-paper"]["final runs"] == 8  # the paper's 8 seeds
     assert any(d.startswith("model bert-base-uncased") for d in p["downloads"])
     assert p["estimated GPU-hours"] > p["estimated wall hours"] > 0
+    assert "data wiki1m:train" in p["local stand-ins"]  # ../shared has a sample, and the plan says so
+
+
+def test_paper_suite_plan_without_local_data(monkeypatch):
+    """A user with the hub and no local data: the plan lists every download and reads no data to size runs."""
+    monkeypatch.delenv("RAYSENT_DATA_DIR")
+    p = plan(REPO / "benchmarks" / "paper.yaml")
+    assert p["local"] == []
+    for needed in ("data wiki1m:train: Hugging Face hub princeton-nlp/datasets-for-simcse/wiki1m_for_simcse.txt",
+                   "data snli:train: Hugging Face hub stanfordnlp/snli", "data sts12:test: Hugging Face hub mteb/sts12-sts"):
+        assert needed in p["downloads"]
 
 
 def test_suite_dry_run_cli():

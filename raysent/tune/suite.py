@@ -263,7 +263,8 @@ def plan(path: str | Path, only: list[str] | None = None) -> dict:
             "estimate from": f"{path}: estimate ({suite.estimate.device})",
             "downloads": sorted(f"{k}: {v.split(': ', 1)[1]}" for k, v in reads.items() if v.startswith("download")),
             "missing": sorted(k for k, v in reads.items() if v.startswith("missing")),
-            "local": sorted(k for k, v in reads.items() if v.startswith("local"))}
+            "local": sorted(k for k, v in reads.items() if v.startswith("local")),
+            "local stand-ins": sorted(k for k, v in reads.items() if v.startswith("local") and "stand-in" in v)}
 
 
 def run_suite(path: str | Path, resume: bool = False, only: list[str] | None = None, say=print) -> dict:
