@@ -3,10 +3,10 @@ MLM-only encoder: it finishes, saves a model that ``transformers.AutoModel`` and
 ``Encoder.load`` both load, and raises STS-B dev above the untuned model's, read with the method's own
 evaluation pooling (the effect every one of these papers reports).
 
-Each case is trained once (``_run`` caches the summary) and checked by several tests. Where no short
-setting that was tried raises STS-B dev on this model, the honest assertion is kept in
-``test_dev_improves_finding``, marked ``xfail(strict=True)`` with the finding as its reason: when the
-method starts to improve, the test turns XPASS and fails, so the finding must be revisited.
+Each case is trained once (``_run`` caches the summary) and checked by several tests. Where no setting
+that was measured raises STS-B dev on this model (FALLS: the unsupervised [CLS] objectives, and SBERT's
+CE-only objective within a short budget; docs/results.md has the dev curves), the test asserts that it
+falls, as measured: when the method starts to improve, the test fails and the finding is revisited.
 
 Settings were chosen by a short investigation on this machine (2 CPU cores); its runs, before/after
 scores and the reasons for the choices are recorded in the report of the methods issue. Hyperparameters
@@ -38,7 +38,7 @@ TRIPLETS = "nli-triplets"  # locally: the SNLI dev+test triplets (6,503)
 # end at 49.5 (from 49.9); on the whole set 50.5.
 ALL = {"max_train_samples": None}
 CASES: dict[str, dict] = {
-    # the paper's cls_mlp_train drops on this model (FINDINGS); mean pooling is the pooling SimCSE compares
+    # the paper's cls_mlp_train drops on this model (FALLS); mean pooling is the pooling SimCSE compares
     # it with (Table 6) and the raw model's MANIFEST sanity check
     "simcse-unsup-mean": dict(method="simcse-unsup", params={"pooling": "mean"},
                               data={"train": "stsb-unlabeled"}, train={"lr": 1e-4, "batch_size": 32}, steps=20),
@@ -81,24 +81,22 @@ CASES: dict[str, dict] = {
     "baseline": dict(method="baseline", params={"pooling": "last2_avg"}, data={"max_train_samples": 64}, steps=1),
 }
 
-# Cases where no short setting tried raised STS-B dev above the untuned model (see the report).
-FINDINGS: dict[str, str] = {
-    "simcse-unsup-cls": "finding: with the paper's [CLS] pooling (cls_mlp_train) unsupervised SimCSE lowers STS-B "
-                        "dev on the MLM-only model (38.4 -> 24-30 over 20-800 steps, lr 3e-5..1e-4, tau 0.05/0.1, "
-                        "with or without the MLP) while the loss falls to ~0.1; mean pooling on the same data "
-                        "rises 47.9 -> 59.8. The [CLS] of a model never trained with a sentence-level objective "
-                        "(no NSP) lets the dropout views be told apart without semantics",
-    "layeratt-eq7": "finding: unsupervised Eq. 7 (dropout views) with the layer-attention pooler, which concatenates "
-                    "the last layer's [CLS], lowers STS-B dev on the MLM-only model (40.1 -> 27-37 after 20-40 "
-                    "steps at lr 1e-5..1e-4, tau 0.05/0.1, whole sts-unlabeled), as SimCSE-unsup does with [CLS]; "
-                    "the supervised objectives Eq. 6 and Eq. 8 with the same pooler rise",
-    "sg": "finding: SG (L^base) read off BERT_T's plain [CLS], as the paper does, lowers STS-B dev on the MLM-only "
-          "model like the other [CLS] objectives: 38.4 -> 33.7 (seed 42) and 36.8 (seed 1) after 60 steps at lr "
-          "1e-4; after 20 steps it stays within seed noise (38.4 -> 37.8..38.7)",
-    "sbert-nli": "finding: CE-only NLI training (SBERT) with mean pooling does not move STS-B dev of the MLM-only "
-                 "model beyond seed noise: 47.9 -> 47.4..49.3 over 20-120 steps at lr 5e-5..1e-4 (seeds 42 and 1; "
-                 "best 48.1 at step 20 of 120), and down to 41.0 (seed 42) and 45.7 (seed 1) after 100 steps at "
-                 "lr 3e-4 (this case); its SupCon extension (supcon) rises",
+# Cases measured to end below the untuned model. Unsupervised objectives read off the raw [CLS] of this
+# MLM-only model lower STS-B dev: measured in
+# docs/results.md ("Why the [CLS]-trained methods fall"), from the first evaluation at every learning rate
+# tried (1e-5..2e-4), with or without SimCSE's MLP, on STS-B's own sentences and on wiki1m, while the loss
+# is still far from zero. Asserted as measured: if one of them starts to rise, the test fails and the
+# finding is revisited.
+FALLS: dict[str, str] = {
+    "simcse-unsup-cls": "SimCSE-unsup with its paper pooling (cls_mlp_train): 38.4 -> 24.7 in 20 steps here; 38.4 "
+                        "-> 33.8 in 60 steps even at lr 1e-5; the mini suite's 13 [CLS] runs all fall",
+    "layeratt-eq7": "Eq. 7 (dropout views) through the layer-attention pooler, which concatenates the last "
+                    "layer's [CLS]: 40.6 -> 31.2; Eq. 6 and Eq. 8 (supervised) with the same pooler rise",
+    "sg": "SG (L^base) trains BERT_T's plain [CLS] against BERT_F's layer views: 38.4 -> 33.7 after 60 steps",
+    # not [CLS]: CE-only NLI training does not learn NLI within a short budget on this model
+    "sbert-nli": "SBERT's CE-only objective: the 3-way NLI loss barely leaves chance (1.10 -> 1.00 in 300 steps at "
+                 "lr 5e-5) while mean-pooled STS-B dev drifts down (47.9 -> 45.5); 41.0 after 100 steps at lr 3e-4 "
+                 "here. SupCon's contrastive term on the same data rises from the first steps",
 }
 
 # the evaluation pooling each method uses (what initial_dev and best_dev are measured with)
@@ -201,18 +199,21 @@ def _dev_gain(case_id: str, runs_dir: Path) -> tuple[float, float]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case_id", [c for c in CASES if c not in FINDINGS and c != "baseline"])
+@pytest.mark.parametrize("case_id", [c for c in CASES if c not in FALLS and c != "baseline"])
 def test_dev_improves(case_id, runs_dir):
     before, after = _dev_gain(case_id, runs_dir)
     assert after > before, f"{case_id}: STS-B dev {before:.2f} -> {after:.2f} ({EVAL_POOLING[case_id]})"
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case_id", [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=r))
-                                     for c, r in FINDINGS.items()])
-def test_dev_improves_finding(case_id, runs_dir):
-    before, after = _dev_gain(case_id, runs_dir)
-    assert after > before, f"{case_id}: STS-B dev {before:.2f} -> {after:.2f} ({EVAL_POOLING[case_id]})"
+@pytest.mark.parametrize("case_id", list(FALLS))
+def test_measured_falls(case_id, runs_dir):
+    """The measured finding (FALLS): training ends more than a point below the untuned model, so the run's
+    best checkpoint is the untouched encoder (a run that learned nothing)."""
+    summary = _run(case_id, runs_dir)
+    before, last = _untuned(summary), summary["dev_curve"][-1]["dev_spearman"]
+    assert last < before - 1.0, f"{case_id}: STS-B dev {before:.2f} -> {last:.2f}: {FALLS[case_id]}"
+    assert summary["best_step"] == 0
 
 
 @pytest.mark.slow
