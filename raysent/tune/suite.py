@@ -316,8 +316,10 @@ def write_report(suite: SuiteConfig, path: Path, results_dir: Path) -> dict:
 
     out = results_dir / suite.name
     out.mkdir(parents=True, exist_ok=True)
-    names = [arm_name(suite, e, a) for e in suite.experiments for a in e.arms
-             if (results_dir / arm_name(suite, e, a) / "runs").is_dir()]
+    def finished(name: str) -> bool:  # has final-phase runs (a searched arm may have search runs only so far)
+        return any((results_dir / name / "runs").glob("final-*.json"))
+
+    names = [arm_name(suite, e, a) for e in suite.experiments for a in e.arms if finished(arm_name(suite, e, a))]
     if not names:
         raise RaysentError(f"suite {suite.name}: no experiment has run files under {results_dir}/")
     runs = [r for n in names for r in load_experiment(n, results_dir, "final")]
@@ -330,7 +332,7 @@ def write_report(suite: SuiteConfig, path: Path, results_dir: Path) -> dict:
     comparisons = []
     for e in suite.experiments:
         a, b = arm_name(suite, e, "paper"), arm_name(suite, e, "searched")
-        if not all((results_dir / n / "runs").is_dir() for n in (a, b)):
+        if not (finished(a) and finished(b)):
             continue
         res = compare([a, b], results_dir)
         comparisons.append({"experiment": e.name, "label": e.label or e.name, **res})
