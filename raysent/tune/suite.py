@@ -59,6 +59,7 @@ class Estimate(_Strict):
     dev_eval_seconds: float = 3.0
     test_eval_seconds: float = 20.0
     run_overhead_seconds: float = 5.0
+    phase_overhead_seconds: float = Field(15.0, description="starting a search or a final phase (Tune, trial processes)")
     train_sizes: dict[str, int] = Field(default_factory=dict, description="training examples of data specs whose "
                                         "size is not known here (for runs given in epochs)")
     reference_batch: int = Field(64, description="the batch size step_seconds were measured at")
@@ -184,11 +185,14 @@ def estimate_seconds(cfg: ExperimentConfig, arm: str, est: Estimate) -> dict:
         from raysent.tune.search import search_trials
 
         search = search_trials(cfg.search)
-    conc = cfg.search.max_concurrent_trials if cfg.search else 1
+    conc = max(1, cfg.search.max_concurrent_trials if cfg.search else 1)
     run_seconds = search * train + final * (train + est.test_eval_seconds)
+    # trials run in rounds of `conc`: a last, partial round leaves workers idle
+    wall = (math.ceil(search / conc) * train + math.ceil(final / conc) * (train + est.test_eval_seconds)
+            + est.phase_overhead_seconds * (2 if search else 1))
     r = cfg.resources
     gpus = (r.workers or 1) * r.gpus_per_worker
-    return {"search_runs": search, "final_runs": final, "steps_per_run": steps, "seconds": run_seconds / max(1, conc),
+    return {"search_runs": search, "final_runs": final, "steps_per_run": steps, "seconds": wall,
             "gpu_seconds": run_seconds * gpus}
 
 
