@@ -14,7 +14,7 @@
   the CRD schema lives in the cluster, not in any package installed here);
 * the Ray version pinned in the setup commands and the manifest equals the installed
   ``ray.__version__``: upgrading ray fails this test until the configs are updated;
-* every ``ray ...`` line in the README section "Scale out: a Ray cluster", and every ``ray``
+* every ``ray ...`` line in docs/cluster.md, section "Scale out: a Ray cluster", and every ``ray``
   command in the configs' setup/start commands, names an existing subcommand and only flags that
   its ``--help`` lists (through click's CliRunner on ``ray.scripts.scripts.cli``).
 
@@ -41,7 +41,7 @@ from click.testing import CliRunner
 
 REPO = Path(__file__).resolve().parents[1]
 CLUSTERS = REPO / "clusters"
-README = REPO / "README.md"
+README = REPO / "docs" / "cluster.md"  # the cluster guide
 README_SECTION = "## Scale out: a Ray cluster"
 RAY_VERSION = ray.__version__
 
@@ -408,7 +408,7 @@ def test_readme_names_the_installed_ray_version():
 # --------------------------------------------------------------------------- ray CLI lines
 def _readme_section() -> str:
     text = README.read_text(encoding="utf-8")
-    assert README_SECTION in text, f"README.md has no section {README_SECTION!r}"
+    assert README_SECTION in text, f"docs/cluster.md has no section {README_SECTION!r}"
     section = text.split(README_SECTION, 1)[1]
     return section.split("\n## ", 1)[0]
 

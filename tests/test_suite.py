@@ -150,6 +150,13 @@ def test_tiny_suite_runs_resumes_and_compares(ray_cluster, tmp_path):
     table = (results / "tiny" / "table.md").read_text()
     for name in report["experiments"]:
         assert f"{name}:" in table
+    summary = (results / "tiny" / "summary.md").read_text().splitlines()
+    assert any(ln.startswith("| base | paper defaults | 1 |") for ln in summary)
+    for arm in ("paper defaults", "searched"):
+        line = next(ln for ln in summary if ln.startswith(f"| simcse | {arm} [transductive] | 2 |"))
+        learned = [recs["paper" if arm == "paper defaults" else "searched"][s]["learned"] for s in (1, 2)]
+        assert line.endswith("| yes |" if all(learned) else f"at step 0) |")
+    assert (results / "tiny" / "plots" / "dev_curves.png").stat().st_size > 1000
     comp = json.loads((results / "tiny" / "compare.json").read_text())
     assert [c["experiment"] for c in comp] == ["simcse"]
     row = comp[0]["comparisons"][0]["tasks"]["stsb"]

@@ -434,7 +434,7 @@ def _load_split(decl: DatasetDecl, split: str) -> Data:
                              f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
     raise DataError(
         f"data set '{decl.name}:{split}' not found. Looked in: " + "; ".join(tried or ["nowhere"])
-        + ". Fix: set RAYSENT_DATA_DIR to a folder with the layout of shared/data (see README, "
+        + ". Fix: set RAYSENT_DATA_DIR to a folder with the layout of shared/data (see docs/experiments.md, "
         "'Local data and models'), or give the machine access to the Hugging Face hub."
     )
 
