@@ -1,7 +1,7 @@
 """Every speedup changes nothing: the loss and the gradients of a step are equal with and without
 length buckets, one concatenated forward for the views, SG-OPT's cached BERT_F views and gradient
 caching (dropout off, so that both sides draw no random masks). Not timed: `raysent bench` measures
-the speed (see README, "Performance")."""
+the speed (see docs/performance.md)."""
 
 from __future__ import annotations
 
