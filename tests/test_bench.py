@@ -149,7 +149,10 @@ def test_ray_cpu_counts_a_process_started_within_the_window_as_it_counts_itself(
 
     from raysent.bench.overhead import RayCpu
 
-    code = "import time\nt = time.time()\nwhile time.time() - t < 1.2: pass\nprint(time.process_time())"
+    # the busy process idles after its work, so the sampler reads it once more before it ends: a process
+    # that ends is counted up to its last reading, which this test is not about
+    code = ("import time\nt = time.time()\nwhile time.time() - t < 1.2: pass\n"
+            "print(time.process_time(), flush=True)\ntime.sleep(0.6)")
     with RayCpu(interval=0.1) as cpu:
         idle = subprocess.Popen(["ray::Idle", "-c", "import time; time.sleep(2)"], executable=sys.executable)
         busy = subprocess.run(["ray::Busy", "-c", code], executable=sys.executable, capture_output=True, text=True)

@@ -34,7 +34,8 @@ class RayCpu:
     """CPU time of this machine's Ray processes (and of this one) while a way runs, from /proc (Linux).
 
     Read every ``interval`` seconds, so actors that start and end within the way (Train's controller and
-    workers) are counted, from their start. The busiest process is the one that trained; the rest is what
+    workers) are counted, from their start; one that ends is counted up to its last reading, so at most
+    one interval (and one /proc scan) short. The busiest process is the one that trained; the rest is what
     the orchestration itself took. On a machine whose cores all train, the loop loses about twice that:
     each wake-up of another process stalls one torch thread, and the other waits for it at the next
     barrier. ``summary()``: percent of one core over the way's wall time, the trainer apart, the other
