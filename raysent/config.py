@@ -44,7 +44,8 @@ class DataConfig(Strict):
                               "default: the method's paper data")
     dev: list[str] = Field(default_factory=lambda: ["stsb:dev"],
                            description="dev sets for model selection; the score is their mean Spearman")
-    max_train_samples: int | None = Field(None, gt=0, description="use a random subset of N training examples (the same subset for every seed)")
+    max_train_samples: int | None = Field(None, gt=0, description="use a random subset of N training examples "
+                                                                  "(the same subset for every seed)")
     sup: str | None = Field(None, description="ConSERT two-stage modes: the supervised first stage's data")
 
     @field_validator("dev", mode="before")
@@ -144,7 +145,8 @@ class EvalConfig(Strict):
 
         for t in v or []:
             if t not in TASK_LABELS:
-                raise ValueError(f"unknown STS set {t!r}{did_you_mean(t, TASK_LABELS)}; allowed: {', '.join(TASK_LABELS)}")
+                raise ValueError(f"unknown STS set {t!r}{did_you_mean(t, TASK_LABELS)}; "
+                                 f"allowed: {', '.join(TASK_LABELS)}")
         return v
 
     @field_validator("tasks", mode="before")
@@ -164,11 +166,9 @@ class EvalConfig(Strict):
     @field_validator("pooling")
     @classmethod
     def _pooling(cls, v):
-        from raysent.models.pooling import describe_allowed, is_valid_pooling
+        from raysent.models.pooling import check_pooling
 
-        if v is not None and not is_valid_pooling(v) and v != "method":
-            raise ValueError(f"unknown pooling {v!r}; allowed: {describe_allowed()}")
-        return v
+        return check_pooling(v, "pooling", also=("method",))
 
 
 class SpaceEntry(Strict):
@@ -228,7 +228,7 @@ class SearchConfig(Strict):
     @model_validator(mode="after")
     def _conditions(self):
         for name, entry in self.space.items():
-            for ref, value in (entry.when or {}).items():
+            for ref in (entry.when or {}):
                 if ref not in self.space:
                     raise ValueError(f"space.{name}.when refers to {ref!r}, which is not searched")
                 if self.space[ref].type != "choice":

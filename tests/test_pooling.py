@@ -8,6 +8,8 @@ import torch
 from raysent.models.heads import MLPHead
 from raysent.models.pooling import BASE_POOLINGS, pool
 
+pytestmark = pytest.mark.shared  # real data and models from ../shared
+
 B, T, D, L = 3, 6, 5, 4
 LENGTHS = [6, 3, 1]  # real tokens per row; the rest is padding
 

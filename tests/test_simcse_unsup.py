@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from raysent.methods.simcse_unsup import SimCSEUnsup, SimCSEUnsupParams, info_nce
+from raysent.methods.losses import info_nce
+from raysent.methods.simcse_unsup import SimCSEUnsup, SimCSEUnsupParams
 
 
 def reference_loss(z1, z2, tau):
@@ -41,6 +42,7 @@ def test_info_nce_local_rows_against_gathered_columns():
     assert part.item() == pytest.approx(full[4:].mean().item(), abs=1e-5)
 
 
+@pytest.mark.shared
 def test_forward_two_dropout_views_in_one_pass(raw_encoder):
     method = SimCSEUnsup(raw_encoder, SimCSEUnsupParams(pooling="mean"))
     tok = raw_encoder.tokenizer(["a cat sat on the mat", "dogs bark loudly at night", "the sun is hot"],

@@ -22,6 +22,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Literal, cast, overload
 
 import numpy as np
 
@@ -326,7 +327,8 @@ def validate_spec(spec: str, expect_kind: str | None = None) -> None:
         return
     kind = DATASETS[name].kind
     if not _convertible(kind, expect_kind):
-        raise DataError(f"data set {spec!r} holds {kind.replace('_', ' ')}, but {expect_kind.replace('_', ' ')} are needed")
+        raise DataError(f"data set {spec!r} holds {kind.replace('_', ' ')}, "
+                        f"but {expect_kind.replace('_', ' ')} are needed")
 
 
 def _convertible(have: str, want: str) -> bool:
@@ -334,6 +336,18 @@ def _convertible(have: str, want: str) -> bool:
 
 
 # --------------------------------------------------------------------------- loading
+@overload
+def load(spec: str, kind: Literal["scored_pairs"]) -> ScoredPairs: ...
+@overload
+def load(spec: str, kind: Literal["sentences"]) -> Sentences: ...
+@overload
+def load(spec: str, kind: Literal["triplets"]) -> Triplets: ...
+@overload
+def load(spec: str, kind: Literal["nli_pairs"]) -> NLIPairs: ...
+@overload
+def load(spec: str, kind: str | None = None) -> Data: ...
+
+
 def load(spec: str, kind: str | None = None) -> Data:
     """Load a data set by spec; with ``kind``, convert it (anything gives ``sentences``) or refuse."""
     name, splits = parse_spec(spec)
@@ -359,24 +373,28 @@ def load(spec: str, kind: str | None = None) -> Data:
 
 def _concat(parts: list[Data], name: str) -> Data:
     first = parts[0]
-    merged = dict(
+    merged: dict[str, Any] = dict(
         name=name,
         source=" + ".join(p.source for p in parts),
         transductive=any(p.transductive for p in parts),
         notes=[n for p in parts for n in p.notes],
     )
+    # the parts are splits of one data set: all of the first part's kind
     if isinstance(first, ScoredPairs):
-        return ScoredPairs(**merged, sentence1=sum((p.sentence1 for p in parts), []),
-                           sentence2=sum((p.sentence2 for p in parts), []),
-                           scores=np.concatenate([p.scores for p in parts]),
-                           subsets=sum((p.subsets for p in parts), []))
+        sp = cast("list[ScoredPairs]", parts)
+        return ScoredPairs(**merged, sentence1=sum((p.sentence1 for p in sp), []),
+                           sentence2=sum((p.sentence2 for p in sp), []),
+                           scores=np.concatenate([p.scores for p in sp]),
+                           subsets=sum((p.subsets for p in sp), []))
     if isinstance(first, NLIPairs):
-        return NLIPairs(**merged, premise=sum((p.premise for p in parts), []),
-                        hypothesis=sum((p.hypothesis for p in parts), []),
-                        labels=np.concatenate([p.labels for p in parts]))
+        nli = cast("list[NLIPairs]", parts)
+        return NLIPairs(**merged, premise=sum((p.premise for p in nli), []),
+                        hypothesis=sum((p.hypothesis for p in nli), []),
+                        labels=np.concatenate([p.labels for p in nli]))
     if isinstance(first, Triplets):
-        return Triplets(**merged, sent0=sum((p.sent0 for p in parts), []),
-                        sent1=sum((p.sent1 for p in parts), []), hard_neg=sum((p.hard_neg for p in parts), []))
+        tri = cast("list[Triplets]", parts)
+        return Triplets(**merged, sent0=sum((p.sent0 for p in tri), []),
+                        sent1=sum((p.sent1 for p in tri), []), hard_neg=sum((p.hard_neg for p in tri), []))
     return Sentences(**merged, texts=sum((p.sentences() for p in parts), []))
 
 
@@ -455,12 +473,13 @@ def _read_local(decl: DatasetDecl, split: str, files: list[Path]) -> Data:
         texts = [s for f in files for s in read_lines(f)]
         return Sentences(name=f"{decl.name}:{split}", source=source, transductive=decl.transductive, texts=texts)
     if decl.kind == "triplets":
-        cols = {"sent0": [], "sent1": [], "hard_neg": []}
+        cols: dict[str, list[str]] = {"sent0": [], "sent1": [], "hard_neg": []}
         for f in files:
             t = read_table(f, list(cols))
             for c in cols:
                 cols[c] += t[c]
-        return Triplets(name=f"{decl.name}:{split}", source=source, **cols)
+        return Triplets(name=f"{decl.name}:{split}", source=source, sent0=cols["sent0"], sent1=cols["sent1"],
+                        hard_neg=cols["hard_neg"])
     if decl.kind == "nli_pairs":
         p, h, y = [], [], []
         for f in files:
@@ -547,7 +566,8 @@ def _load_user_file(path: Path, kind: str | None) -> Data:
                            scores=np.asarray(t["score"]), subsets=[""] * len(t["score"]))
     if wanted == "triplets":
         t = read_table(path, _USER_COLUMNS[wanted])
-        return Triplets(name=f"path:{path}", source=source, **t)
+        return Triplets(name=f"path:{path}", source=source, sent0=t["sent0"], sent1=t["sent1"],
+                        hard_neg=t["hard_neg"])
     t = read_table(path, _USER_COLUMNS[wanted], allowed_values={"label": set(NLI_LABELS)})
     return NLIPairs(name=f"path:{path}", source=source, premise=t["premise"], hypothesis=t["hypothesis"],
                     labels=np.asarray([NLI_LABELS.index(v) for v in t["label"]], dtype=np.int64))

@@ -16,6 +16,7 @@ import csv
 import math
 import sys
 from pathlib import Path
+from typing import Literal
 
 from raysent.errors import DataError
 
@@ -49,6 +50,7 @@ def read_table(
     allowed_values = allowed_values or {}
     non_empty = [c for c in required if c not in numeric] if non_empty is None else non_empty
     suffix = path.suffix.lower()
+    quoting: Literal[0, 1, 2, 3]  # csv.QUOTE_* (typeshed's quoting type)
     if suffix == ".tsv":
         delimiter, quoting = "\t", csv.QUOTE_NONE
     elif suffix == ".csv":
@@ -131,7 +133,8 @@ def read_lines(path: str | Path) -> list[str]:
     with _open_lines(path) as fh:
         line_no = 0
         try:
-            for line_no, line in enumerate(fh, start=1):
+            for line in fh:
+                line_no += 1
                 s = line.strip()
                 if s:
                     sentences.append(s)

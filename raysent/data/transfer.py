@@ -51,7 +51,7 @@ class LabelledSentences(Data):
     def __len__(self) -> int:
         return len(self.texts)
 
-    def subset(self, index: Sequence[int]) -> "LabelledSentences":
+    def subset(self, index: Sequence[int]) -> LabelledSentences:
         return LabelledSentences(name=self.name, source=self.source, notes=list(self.notes),
                                  texts=[self.texts[i] for i in index], labels=self.labels[list(index)],
                                  label_names=self.label_names)
@@ -73,7 +73,7 @@ class LabelledPairs(Data):
     def __len__(self) -> int:
         return len(self.sentence1)
 
-    def subset(self, index: Sequence[int]) -> "LabelledPairs":
+    def subset(self, index: Sequence[int]) -> LabelledPairs:
         return LabelledPairs(name=self.name, source=self.source, notes=list(self.notes),
                              sentence1=[self.sentence1[i] for i in index],
                              sentence2=[self.sentence2[i] for i in index],
@@ -281,8 +281,10 @@ def senteval_order(data: LabelledSentences | LabelledPairs) -> np.ndarray:
     by (number of whitespace tokens, label) for single sentences and by (tokens of sentence 1,
     tokens of sentence 2, label) for MRPC, with Python's stable sort on the file order.
     """
+    keys: list[tuple[int, ...]]
     if isinstance(data, LabelledPairs):
-        keys = [(len(a.split()), len(b.split()), int(y)) for a, b, y in zip(data.sentence1, data.sentence2, data.labels)]
+        keys = [(len(a.split()), len(b.split()), int(y))
+                for a, b, y in zip(data.sentence1, data.sentence2, data.labels)]
     else:
         keys = [(len(s.split()), int(y)) for s, y in zip(data.texts, data.labels)]
     return np.asarray(sorted(range(len(keys)), key=keys.__getitem__), dtype=np.int64)

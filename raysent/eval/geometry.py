@@ -48,7 +48,7 @@ def uniformity(x: np.ndarray, t: float = 2.0, chunk: int = 1024) -> float:
     if n < 2:
         raise RaysentError("uniformity needs at least two distinct sentences")
     sq = (x * x).sum(1)
-    logs = []
+    logs: list[float] = []
     for start in range(0, n, chunk):
         block = x[start: start + chunk]
         d2 = np.maximum(sq[start: start + chunk, None] + sq[None, :] - 2.0 * block @ x.T, 0.0)
@@ -58,9 +58,9 @@ def uniformity(x: np.ndarray, t: float = 2.0, chunk: int = 1024) -> float:
         if vals.size:
             m = vals.max()
             logs.append(m + np.log(np.exp(vals - m).sum()))
-    logs = np.asarray(logs)
-    m = logs.max()
-    total = m + np.log(np.exp(logs - m).sum())
+    log_arr = np.asarray(logs)
+    m = log_arr.max()
+    total = m + np.log(np.exp(log_arr - m).sum())
     return float(total - np.log(n * (n - 1) / 2))
 
 

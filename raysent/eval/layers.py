@@ -107,7 +107,8 @@ def format_grid(result: dict, title: str = "") -> str:
         cells = []
         for p in pools:
             v = result["grid"][p][k]
-            cells.append(("    n/a" if v is None else f"{v:7.2f}") + ("*" if (k, p) == (b["layer"], b["pooling"]) else " "))
+            mark = "*" if (k, p) == (b["layer"], b["pooling"]) else " "
+            cells.append(("    n/a" if v is None else f"{v:7.2f}") + mark)
         lines.append((f"{k:5d}  " + "  ".join(cells)).rstrip())
     sets = ", ".join(f"{s} ({n} pairs)" for s, n in result["n_pairs"].items())
     best = f"layer {b['layer']} {b['pooling']} {b['score']:.2f}" if b["score"] is not None else "none"

@@ -65,7 +65,8 @@ def build_search_set(data: ScoredPairs, min_score: float) -> SearchSet:
 def rank_metrics(ranked: np.ndarray, relevant: Sequence[set[int]], ks: Sequence[int] = (1, 5, 10),
                  mrr_k: int = 10) -> dict:
     """MRR@mrr_k and recall@k from ``ranked`` [Q, K] corpus ids (best first; -1 pads)."""
-    mrr, recall = [], {k: [] for k in ks}
+    mrr: list[float] = []
+    recall: dict[int, list[float]] = {k: [] for k in ks}
     for row, rel in zip(ranked, relevant):
         rr = 0.0
         for rank, doc in enumerate(row[:mrr_k], start=1):

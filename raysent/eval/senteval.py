@@ -70,7 +70,7 @@ class ProbeConfig:
     n_jobs: int = 1  # parallel fits (outer folds / regularisation values)
     threads: int = 1  # BLAS / torch threads per fit
 
-    def check(self) -> "ProbeConfig":
+    def check(self) -> ProbeConfig:
         if self.classifier not in CLASSIFIERS:
             raise RaysentError(f"unknown probe classifier {self.classifier!r}; allowed: {', '.join(CLASSIFIERS)}")
         if self.kfold < 2:
@@ -150,6 +150,7 @@ class SentEvalMLP:
             trainX, trainy = X, y
             devX, devy = validation_data
         else:
+            assert validation_split is not None, "fit needs validation_data or validation_split"
             perm = self.rng.permutation(len(X))
             cut = int(validation_split * len(X))
             trainX, trainy, devX, devy = X[perm[cut:]], y[perm[cut:]], X[perm[:cut]], y[perm[:cut]]
@@ -161,9 +162,9 @@ class SentEvalMLP:
             while not stop and nepoch <= self.cfg.max_epoch:
                 self.model.train()
                 for _ in range(self.cfg.epoch_size):
-                    perm = torch.as_tensor(self.rng.permutation(len(tX)))
+                    order = torch.as_tensor(self.rng.permutation(len(tX)))
                     for i in range(0, len(tX), self.cfg.batch_size):
-                        idx = perm[i: i + self.cfg.batch_size]
+                        idx = order[i: i + self.cfg.batch_size]
                         loss = self.loss_fn(self.model(tX[idx]), ty[idx])
                         self.optimizer.zero_grad()
                         loss.backward()
@@ -201,18 +202,19 @@ def _single_threaded(threads: int):
     """Limit BLAS/OpenMP and torch threads for the probe's many small fits."""
     from threadpoolctl import threadpool_limits
 
+    before: int | None = None  # torch's threads, restored after (None: torch is not installed)
     try:
         import torch
 
         before = torch.get_num_threads()
         torch.set_num_threads(threads)
     except ImportError:  # pragma: no cover - torch is a dependency
-        torch, before = None, None
+        pass
     try:
         with threadpool_limits(limits=threads):
             yield
     finally:
-        if torch is not None:
+        if before is not None:
             torch.set_num_threads(before)
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 from scipy import stats
@@ -46,7 +47,7 @@ def score_pairs(vectors: dict[str, np.ndarray], data: ScoredPairs) -> dict:
     """Spearman/Pearson ×100 of one set in the three aggregations, and per sub-set."""
     cos = pair_cosines(vectors, data)
     sp_all, pe_all = _corr(cos, data.scores)
-    out = {"n": len(data), "spearman_all": sp_all, "pearson_all": pe_all}
+    out: dict[str, Any] = {"n": len(data), "spearman_all": sp_all, "pearson_all": pe_all}
     names = list(dict.fromkeys(data.subsets))
     subsets = {}
     if len(names) > 1 or (names and names[0]):
@@ -84,7 +85,7 @@ def evaluate_sts(
     t0 = time.perf_counter()
     sets = {t: load(t, "scored_pairs") for t in tasks}
     result = _score_sets(encode, sets, progress)
-    for task, r in result["tasks"].items():
+    for r in result["tasks"].values():
         r["spearman"] = r[f"spearman_{aggregation}"]
         r["pearson"] = r[f"pearson_{aggregation}"]
     result["aggregation"] = aggregation

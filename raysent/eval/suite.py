@@ -81,14 +81,16 @@ def make_encode(model: Any, pooling: str | None = None, max_length: int = 256, b
 
     if isinstance(model, Encoder):
         from raysent.models.embedder import Embedder
-        from raysent.models.pooling import describe_allowed, is_valid_pooling
+        from raysent.models.pooling import check_pooling, describe_allowed
 
         pooling = pooling or model.meta.pooling
         if pooling is None:
             raise RaysentError(f"a pooling is needed to embed with {model.source} (it has no raysent.json); "
                                f"allowed: {describe_allowed()}")
-        if not is_valid_pooling(pooling):
-            raise RaysentError(f"unknown pooling {pooling!r}; allowed: {describe_allowed()}")
+        try:
+            check_pooling(pooling, "pooling")
+        except ValueError as exc:
+            raise RaysentError(str(exc)) from None
         return Embedder(lambda tok: model.embed(tok, pooling), model.tokenizer, module=model,
                         max_length=max_length, batch_size=batch_size)
     if callable(model):

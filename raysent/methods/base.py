@@ -14,16 +14,15 @@ is the same code on 1 and N workers.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 from torch import nn
 
 from raysent.models.encoder import Encoder
 from raysent.models.heads import MLPHead
-from raysent.models.pooling import inference_pooling, pool, uses_mlp
-
+from raysent.models.pooling import check_pooling, inference_pooling, pool, uses_mlp
 
 PREVIOUS_STAGE_BEST = "<previous stage's best model>"
 
@@ -32,6 +31,15 @@ class MethodParams(BaseModel):
     """Base of every method's hyperparameters: typed, defaults from the paper, no unknown keys."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class PoolingParams(MethodParams):
+    pooling: str = "cls_mlp_train"
+
+    @field_validator("pooling")
+    @classmethod
+    def _pooling(cls, v):
+        return check_pooling(v, "pooling")
 
 
 class Gatherer:
@@ -67,29 +75,11 @@ class LossOutput:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-def cosine_matrix(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """[n, m] cosine similarities between the rows of a [n, d] and b [m, d]."""
-    return nn.functional.normalize(a, dim=-1) @ nn.functional.normalize(b, dim=-1).T
-
-
-def nt_xent(a: torch.Tensor, b: torch.Tensor, temperature: float, gather=None, offset: int = 0) -> torch.Tensor:
-    """NT-Xent (Chen et al. 2020, SimCLR) over the 2N vectors of two views, averaged over the 2N.
-
-    For each x_m of {a_i} ∪ {b_i} the positive is its counterpart (a_i ↔ b_i) and the denominator
-    runs over the other 2N − 1 vectors (x_m itself excluded). ``a``, ``b`` [n, d] are this worker's
-    rows (cosine similarity); the 2N columns are gathered from every worker; ``offset`` is where
-    this worker's rows start. Used by SG's L^base (Kim et al. 2021) and ConSERT's Eq. 1.
-    """
-    gather = gather or (lambda x: x)
-    n = a.shape[0]
-    all_a, all_b = gather(a), gather(b)
-    big_n = all_a.shape[0]
-    logits = cosine_matrix(torch.cat([a, b]), torch.cat([all_a, all_b])) / temperature
-    local = torch.arange(n, device=a.device) + offset
-    self_cols = torch.cat([local, local + big_n])
-    pos_cols = torch.cat([local + big_n, local])
-    logits = logits.masked_fill(nn.functional.one_hot(self_cols, 2 * big_n).bool(), float("-inf"))
-    return nn.functional.cross_entropy(logits, pos_cols)
+def nli_fields(data):
+    """Premise and hypothesis texts; labels and premise-group ids as extras."""
+    groups = {p: i for i, p in enumerate(dict.fromkeys(data.premise))}
+    return ({"premise": data.premise, "hypothesis": data.hypothesis},
+            {"labels": data.labels, "group": [groups[p] for p in data.premise]})
 
 
 def batch_views(tok: dict, n: int) -> dict:
@@ -113,6 +103,8 @@ class Method(nn.Module):
 
     name: ClassVar[str]
     paper: ClassVar[str]  # "Authors Year. Title" of the paper whose equations the file implements
+    arxiv: ClassVar[str | None] = None  # the paper's arXiv id (raysent.methods.papers)
+    citation: ClassVar[str | None] = None  # its BibTeX entry
     summary: ClassVar[str]
     Params: ClassVar[type[MethodParams]] = MethodParams
     kind: ClassVar[str] = "sentences"  # the training data it needs: sentences | triplets | nli_pairs
@@ -187,11 +179,12 @@ class Method(nn.Module):
 
     # ------------------------------------------------------------ encoding
     def pool_train(self, hidden_states, attention_mask, pooling: str | None = None) -> torch.Tensor:
-        pooling = pooling or self.params.pooling
+        # a method whose params have no ``pooling`` overrides this and inference_pooling
+        pooling = pooling or cast(PoolingParams, self.params).pooling
         return pool(pooling, hidden_states, attention_mask, mlp=self.mlp, training=True)
 
     def inference_pooling(self) -> str:
-        return inference_pooling(self.params.pooling)
+        return inference_pooling(cast(PoolingParams, self.params).pooling)
 
     def embed(self, tok: dict) -> torch.Tensor:
         """Inference sentence vectors for one tokenized batch (the method's evaluation pooling)."""

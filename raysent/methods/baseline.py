@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from raysent.methods.base import LossOutput, Method
-from raysent.methods.simcse_unsup import PoolingParams
+from raysent.methods.base import LossOutput, Method, PoolingParams
 
 
 class BaselineParams(PoolingParams):

@@ -1,7 +1,7 @@
 """ConSERT (Yan, Li, Wang, Zhang, Wu, Xu 2021. ConSERT: A Contrastive Framework for Self-Supervised
 Sentence Representation Transfer; ../shared/papers/003_*.txt, §3; code yym6472/ConSERT).
 
-Two views of each sentence are made at the token-embedding layer (raysent.augment: ``none``,
+Two views of each sentence are made at the token-embedding layer (raysent.methods.consert_views: ``none``,
 ``shuffle``, ``token_cutoff``, ``feature_cutoff``, ``dropout``, and ``adversarial`` with
 supervision), encoded by the shared encoder and mean-pooled (r_i, r_j). The contrastive loss is
 NT-Xent over the 2N views of a batch (Eq. 1), averaged over the 2N:
@@ -31,17 +31,28 @@ transductive, Table 1).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 from pydantic import Field, field_validator, model_validator
 from torch.nn import functional as F
 
-from raysent.augment import AUGMENTATIONS, embedding_views, fgv_noise, shuffle_positions
-from raysent.methods.base import PREVIOUS_STAGE_BEST, LossOutput, Method, batch_views, concat_batches, nt_xent
-from raysent.methods.sbert_nli import nli_fields
-from raysent.methods.simcse_unsup import PoolingParams
+from raysent.methods.base import (
+    PREVIOUS_STAGE_BEST,
+    LossOutput,
+    Method,
+    MethodParams,
+    PoolingParams,
+    batch_views,
+    concat_batches,
+    nli_fields,
+)
+from raysent.methods.consert_views import AUGMENTATIONS, embedding_views, fgv_noise, shuffle_positions
+from raysent.methods.losses import nt_xent
+from raysent.methods.papers import CONSERT
 from raysent.models.heads import PairClassifier
+from raysent.models.pooling import check_pooling
+
 
 class ConSERTParams(PoolingParams):
     supervision: Literal["unsup", "joint", "sup-unsup", "joint-unsup"] = Field("unsup", description="§3.3")
@@ -77,10 +88,7 @@ class ConSERTParams(PoolingParams):
             if self.augmentations[0] == "adversarial":
                 raise ValueError("'adversarial' must be the second view: its perturbation comes from the "
                                  "supervised loss of the first view")
-        from raysent.models.pooling import describe_allowed, is_valid_pooling
-
-        if not is_valid_pooling(self.eval_pooling):
-            raise ValueError(f"unknown eval_pooling {self.eval_pooling!r}; allowed: {describe_allowed()}")
+        check_pooling(self.eval_pooling, "eval_pooling")
         return self
 
     def rates(self) -> dict[str, float]:
@@ -91,15 +99,19 @@ class ConSERTParams(PoolingParams):
 class ConSERT(Method):
     name = "consert"
     paper = "Yan et al. 2021. ConSERT: A Contrastive Framework for Self-Supervised Sentence Representation Transfer"
+    arxiv, citation = CONSERT.arxiv, CONSERT.citation
     summary = "two augmented views at the embedding layer, NT-Xent over 2N; unsup/joint/sup-unsup/joint-unsup"
     Params = ConSERTParams
     variants = {"supervision": ("unsup", "joint", "sup-unsup", "joint-unsup"), "augmentations": AUGMENTATIONS}
     model_defaults = {"dropout": 0.0}
     supports_grad_cache = False  # the augmentations act on the embedding layer's output, row by row
 
+    params: ConSERTParams
+
     @classmethod
-    def defaults(cls, params: ConSERTParams) -> dict[str, dict]:
+    def defaults(cls, params: MethodParams) -> dict[str, dict]:
         d = super().defaults(params)
+        params = cast(ConSERTParams, params)
         joint = params.supervision == "joint"
         d["train"] = {"batch_size": 96, "max_length": 64, "eval_every": 200, "warmup_ratio": 0.1,
                       "lr": 2e-5 if joint else 5e-7, "epochs": 1 if joint else 10,
@@ -110,8 +122,8 @@ class ConSERT(Method):
         return d
 
     @classmethod
-    def data_kind(cls, params: ConSERTParams) -> str:
-        return "nli_pairs" if params.supervision == "joint" else "sentences"
+    def data_kind(cls, params: MethodParams) -> str:
+        return "nli_pairs" if cast(ConSERTParams, params).supervision == "joint" else "sentences"
 
     @classmethod
     def stages(cls, cfg) -> list[tuple[str, dict]] | None:
@@ -127,7 +139,8 @@ class ConSERT(Method):
         first.update({"data.train": cfg.data.sup, "lr": p.sup_lr, "epochs": p.sup_epochs, "patience": None,
                       "data.max_train_samples": cfg.data.max_train_samples})
         second = {"params": {**cfg.params, "supervision": "unsup"}, "model.name": PREVIOUS_STAGE_BEST}
-        return [("stage1-" + ("sbert-nli" if p.supervision == "sup-unsup" else "joint"), first), ("stage2-unsup", second)]
+        return [("stage1-" + ("sbert-nli" if p.supervision == "sup-unsup" else "joint"), first),
+                ("stage2-unsup", second)]
 
     def __init__(self, encoder, params: ConSERTParams):
         super().__init__(encoder, params)
@@ -166,18 +179,20 @@ class ConSERT(Method):
             r = self.encode_views(batch_views(tok, 2), [v1] * n + [v2] * n)  # both views, one forward
             con = nt_xent(r[:n], r[n:], tau, gather=g, offset=g.offset(n))
             return LossOutput(con)
+        classifier = self.classifier
+        assert classifier is not None  # built in __init__ for supervision 'joint'
         n = batch["premise"]["input_ids"].shape[0]
         tok = concat_batches(batch["premise"], batch["hypothesis"])  # premises, then hypotheses
         if v2 == "adversarial":
             captured: list = []
             r1 = self.encode_views(tok, [v1] * 2 * n, capture=captured)
-            ce = F.cross_entropy(self.classifier(r1[:n], r1[n:]), batch["labels"])
+            ce = F.cross_entropy(classifier(r1[:n], r1[n:]), batch["labels"])
             grad, = torch.autograd.grad(ce, captured[0], retain_graph=True)
             r2 = self.encode_views(tok, ["adversarial"] * 2 * n, noise=fgv_noise(grad, self.params.adv_epsilon))
         else:
             r = self.encode_views(batch_views(tok, 2), [v1] * 2 * n + [v2] * 2 * n)
             r1, r2 = r[: 2 * n], r[2 * n:]
-            ce = F.cross_entropy(self.classifier(r1[:n], r1[n:]), batch["labels"])
+            ce = F.cross_entropy(classifier(r1[:n], r1[n:]), batch["labels"])
         off = g.offset(n)
         con = nt_xent(r1[:n], r2[:n], tau, gather=g, offset=off) + nt_xent(r1[n:], r2[n:], tau, gather=g, offset=off)
         loss = ce + self.params.con_weight * con

@@ -21,14 +21,14 @@ Table 3). Defaults (Table 4, BERT-base): eq7 batch 64, lr 3e-5; eq6 batch 256, l
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 from pydantic import Field
 
 from raysent.methods.base import LossOutput, Method, MethodParams
-from raysent.methods.simcse_sup import hard_negative_loss
-from raysent.methods.simcse_unsup import info_nce
+from raysent.methods.losses import hard_negative_loss, info_nce
+from raysent.methods.papers import LAYERATT
 from raysent.models.heads import LayerAttentionPooler
 
 TABLE4 = {"eq6": {"batch_size": 256, "lr": 1e-5}, "eq7": {"batch_size": 64, "lr": 3e-5},
@@ -44,21 +44,26 @@ class LayerAttParams(MethodParams):
 
 class LayerAtt(Method):
     name = "layeratt"
-    paper = "Oh et al. 2022. Don't Judge a Language Model by Its Last Layer: Contrastive Learning with Layer-Wise Attention Pooling"
+    paper = ("Oh et al. 2022. Don't Judge a Language Model by Its Last Layer: "
+             "Contrastive Learning with Layer-Wise Attention Pooling")
+    arxiv, citation = LAYERATT.arxiv, LAYERATT.citation
     summary = "attention over per-layer [CLS] and mean vectors + last-layer [CLS], MLP (Eq. 1-5); Eq. 6/7/8"
     Params = LayerAttParams
     variants = {"objective": ("eq6", "eq7", "eq8"), "inference": ("pooler", "cls")}
 
+    params: LayerAttParams
+
     @classmethod
-    def defaults(cls, params: LayerAttParams) -> dict[str, dict]:
+    def defaults(cls, params: MethodParams) -> dict[str, dict]:
         d = super().defaults(params)
-        d["train"] = {**TABLE4[params.objective], "max_length": 32, "eval_every": 125, "epochs": 1}
-        d["data"] = {"train": "wiki1m" if params.objective == "eq7" else "nli-triplets"}
+        p = cast(LayerAttParams, params)
+        d["train"] = {**TABLE4[p.objective], "max_length": 32, "eval_every": 125, "epochs": 1}
+        d["data"] = {"train": "wiki1m" if p.objective == "eq7" else "nli-triplets"}
         return d
 
     @classmethod
-    def data_kind(cls, params: LayerAttParams) -> str:
-        return "sentences" if params.objective == "eq7" else "triplets"
+    def data_kind(cls, params: MethodParams) -> str:
+        return "sentences" if cast(LayerAttParams, params).objective == "eq7" else "triplets"
 
     def __init__(self, encoder, params: LayerAttParams):
         super().__init__(encoder, params)

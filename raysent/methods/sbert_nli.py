@@ -15,13 +15,16 @@ single linear layer is used.) Defaults, as Liao's SBERT baseline: batch 64, lr 2
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from pydantic import Field, field_validator
 from torch.nn import functional as F
 
-from raysent.methods.base import LossOutput, Method
-from raysent.methods.simcse_unsup import PoolingParams
+from raysent.methods.base import LossOutput, Method, PoolingParams, nli_fields
+from raysent.methods.papers import SBERT
 from raysent.models.heads import PairClassifier
+from raysent.models.pooling import check_pooling
 
 
 class SBERTNLIParams(PoolingParams):
@@ -34,25 +37,16 @@ class SBERTNLIParams(PoolingParams):
     @field_validator("eval_pooling")
     @classmethod
     def _known_eval_pooling(cls, v):
-        from raysent.models.pooling import describe_allowed, is_valid_pooling
-
-        if v is not None and not is_valid_pooling(v):
-            raise ValueError(f"unknown eval_pooling {v!r}; allowed: {describe_allowed()}")
-        return v
-
-
-def nli_fields(data):
-    """Premise and hypothesis texts; labels and premise-group ids as extras."""
-    groups = {p: i for i, p in enumerate(dict.fromkeys(data.premise))}
-    return ({"premise": data.premise, "hypothesis": data.hypothesis},
-            {"labels": data.labels, "group": [groups[p] for p in data.premise]})
+        return check_pooling(v, "eval_pooling")
 
 
 class SBERTNLI(Method):
     name = "sbert-nli"
     paper = "Reimers & Gurevych 2019. Sentence-BERT (as the baseline of Liao 2021 and stage 1 of ConSERT sup-unsup)"
+    arxiv, citation = SBERT.arxiv, SBERT.citation
     summary = "softmax classifier over (u, v, |u-v|) on NLI pairs, cross-entropy only"
-    Params = SBERTNLIParams
+    Params: ClassVar[type[SBERTNLIParams]] = SBERTNLIParams  # SupCon's params extend these
+    params: SBERTNLIParams
     kind = "nli_pairs"
     data_defaults = {"train": "snli"}
     train_defaults = {"batch_size": 64, "lr": 2e-5, "epochs": 1, "warmup_ratio": 0.1, "max_length": 128,

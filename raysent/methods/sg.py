@@ -46,7 +46,9 @@ import torch
 from pydantic import Field, model_validator
 from torch.nn import functional as F
 
-from raysent.methods.base import LossOutput, Method, MethodParams, cosine_matrix, nt_xent
+from raysent.methods.base import LossOutput, Method, MethodParams
+from raysent.methods.losses import cosine_matrix, nt_xent
+from raysent.methods.papers import SELF_GUIDED
 from raysent.models.chunked import hidden_states
 from raysent.models.heads import ProjectionHead
 from raysent.models.pooling import masked_max, masked_mean
@@ -129,12 +131,13 @@ def l2_regularizer(tuned: torch.nn.Module, frozen: torch.nn.Module) -> torch.Ten
     skipped (the word embeddings are most of a small model's parameters).
     """
     frozen_params = dict(frozen.named_parameters())
-    total = None
+    total: torch.Tensor | None = None
     for name, p in tuned.named_parameters():
         if not p.requires_grad:
             continue
         d = ((p - frozen_params[name].detach()) ** 2).sum()
         total = d if total is None else total + d
+    assert total is not None, "the tuned encoder has no trainable parameter"
     return total
 
 
@@ -142,8 +145,10 @@ def l2_regularizer(tuned: torch.nn.Module, frozen: torch.nn.Module) -> torch.Ten
 class SelfGuided(Method):
     name = "sg"
     paper = "Kim, Yoo, Lee 2021. Self-Guided Contrastive Learning for BERT Sentence Representations"
+    arxiv, citation = SELF_GUIDED.arxiv, SELF_GUIDED.citation
     summary = "BERT_T's [CLS] pulled to BERT_F's layer views through a projection head; L^base by default"
     Params = SGParams
+    params: SGParams
     kind = "sentences"
     seeds = (1, 2, 3, 4, 1234, 2345, 3456, 7890)
     variants = {"loss": ("base", "opt1", "opt2", "opt3"), "view_pooling": ("max", "mean")}
@@ -164,7 +169,7 @@ class SelfGuided(Method):
         n_states = encoder.num_layers + 1
         lo, hi = params.layers if params.layers is not None else (0, n_states - 1)
         if hi >= n_states:
-            raise ValueError(f"layers {list(params.layers)}: the model has layers 0..{n_states - 1}")
+            raise ValueError(f"layers {[lo, hi]}: the model has layers 0..{n_states - 1}")
         self.layer_range = (lo, hi)
         self._view_cache: torch.Tensor | None = None  # BERT_F's views per training sentence (prepare)
 
@@ -187,7 +192,8 @@ class SelfGuided(Method):
     def views(self, tok: dict) -> torch.Tensor:
         """h_{i,k} = p(H_{i,k}) for the chosen layers of BERT_F: [b, layers, d] (no gradient)."""
         with torch.no_grad():
-            states = hidden_states(self.frozen, {"input_ids": tok["input_ids"], "attention_mask": tok["attention_mask"]},
+            states = hidden_states(self.frozen,
+                                   {"input_ids": tok["input_ids"], "attention_mask": tok["attention_mask"]},
                                    self.encoder.length_buckets if self.training else 1)
         lo, hi = self.layer_range
         pool = masked_max if self.params.view_pooling == "max" else masked_mean
@@ -238,7 +244,8 @@ class SelfGuided(Method):
         tok = batch["text"]
         n = tok["input_ids"].shape[0]
         if self._view_cache is not None and "index" in batch:
-            h = self._view_cache[batch["index"].cpu()].to(tok["input_ids"].device)  # [n, l+1, d], computed once (prepare)
+            # [n, l+1, d], computed once (prepare)
+            h = self._view_cache[batch["index"].cpu()].to(tok["input_ids"].device)
         else:
             h = self.views(tok)  # [n, l+1, d]
         c = self.encoder(**tok)[-1][:, 0]  # BERT_T's last-layer [CLS]
@@ -258,3 +265,4 @@ class SelfGuidedOpt(SelfGuided):
     name = "sg-opt"
     summary = "SG with the optimised loss L^opt: every layer's view guides [CLS] (L^opt3 + λ·L^reg)"
     Params = SGOptParams
+    params: SGOptParams

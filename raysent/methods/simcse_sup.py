@@ -20,27 +20,11 @@ lr 5e-5, 3 epochs, max length 32, τ 0.05, STS-B dev every 125 steps; SNLI+MNLI 
 
 from __future__ import annotations
 
-import torch
 from pydantic import Field
 
-from raysent.methods.base import LossOutput, Method, cosine_matrix
-from raysent.methods.simcse_unsup import PoolingParams, info_nce
-
-
-def hard_negative_loss(anchors, positives, hard_negatives, temperature: float, hard_negative_weight: float = 0.0,
-                       gather=None, offset: int = 0) -> torch.Tensor:
-    """SimCSE Eq. 5 with the hard-negative weight; rows local, columns gathered.
-
-    Logits of anchor i: [sim(h_i, H^+)/τ | sim(h_i, H^-)/τ + w at column offset+i of the second block].
-    """
-    negs = gather(hard_negatives) if gather is not None else hard_negatives
-    hn_logits = cosine_matrix(anchors, negs) / temperature
-    if hard_negative_weight:
-        rows = torch.arange(anchors.shape[0], device=anchors.device)
-        weights = torch.zeros_like(hn_logits)
-        weights[rows, rows + offset] = hard_negative_weight
-        hn_logits = hn_logits + weights
-    return info_nce(anchors, positives, temperature, gather=gather, offset=offset, extra_logits=hn_logits)
+from raysent.methods.base import LossOutput, Method, PoolingParams
+from raysent.methods.losses import hard_negative_loss
+from raysent.methods.papers import SIMCSE
 
 
 class SimCSESupParams(PoolingParams):
@@ -53,8 +37,10 @@ class SimCSESupParams(PoolingParams):
 class SimCSESup(Method):
     name = "simcse-sup"
     paper = "Gao, Yao, Chen 2021. SimCSE: Simple Contrastive Learning of Sentence Embeddings"
+    arxiv, citation = SIMCSE.arxiv, SIMCSE.citation
     summary = "NLI (premise, entailment, contradiction); contradictions as hard negatives (Eq. 5)"
     Params = SimCSESupParams
+    params: SimCSESupParams
     kind = "triplets"
     data_defaults = {"train": "nli-triplets"}
     train_defaults = {"batch_size": 512, "lr": 5e-5, "epochs": 3, "max_length": 32, "eval_every": 125}

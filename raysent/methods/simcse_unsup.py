@@ -23,47 +23,11 @@ Example::
 
 from __future__ import annotations
 
-from typing import Callable
+from pydantic import Field
 
-import torch
-from pydantic import Field, field_validator
-from torch.nn import functional as F
-
-from raysent.methods.base import LossOutput, Method, MethodParams, cosine_matrix
-from raysent.models.pooling import describe_allowed, is_valid_pooling
-
-
-def info_nce(
-    anchors: torch.Tensor,
-    candidates: torch.Tensor,
-    temperature: float,
-    gather: Callable[[torch.Tensor], torch.Tensor] | None = None,
-    offset: int = 0,
-    extra_logits: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """SimCSE Eq. 1: cross-entropy of each anchor against all (gathered) candidates.
-
-    ``anchors`` [n, d] are this worker's rows; ``candidates`` [n, d] their positives, in the same
-    order. The positive of anchor i is candidate ``offset + i`` of the gathered [N, d] candidates.
-    ``extra_logits`` [n, k] are appended as further negatives (already divided by τ).
-    """
-    cols = gather(candidates) if gather is not None else candidates
-    logits = cosine_matrix(anchors, cols) / temperature
-    if extra_logits is not None:
-        logits = torch.cat([logits, extra_logits], dim=1)
-    labels = torch.arange(anchors.shape[0], device=anchors.device) + offset
-    return F.cross_entropy(logits, labels)
-
-
-class PoolingParams(MethodParams):
-    pooling: str = "cls_mlp_train"
-
-    @field_validator("pooling")
-    @classmethod
-    def _pooling(cls, v):
-        if not is_valid_pooling(v):
-            raise ValueError(f"unknown pooling {v!r}; allowed: {describe_allowed()}")
-        return v
+from raysent.methods.base import LossOutput, Method, PoolingParams
+from raysent.methods.losses import info_nce
+from raysent.methods.papers import SIMCSE
 
 
 class SimCSEUnsupParams(PoolingParams):
@@ -74,8 +38,10 @@ class SimCSEUnsupParams(PoolingParams):
 class SimCSEUnsup(Method):
     name = "simcse-unsup"
     paper = "Gao, Yao, Chen 2021. SimCSE: Simple Contrastive Learning of Sentence Embeddings"
+    arxiv, citation = SIMCSE.arxiv, SIMCSE.citation
     summary = "two dropout views of each sentence, in-batch negatives, InfoNCE (Eq. 1)"
     Params = SimCSEUnsupParams
+    params: SimCSEUnsupParams
     kind = "sentences"
     data_defaults = {"train": "wiki1m"}
     train_defaults = {"batch_size": 64, "lr": 3e-5, "max_length": 32, "eval_every": 125, "epochs": 1}

@@ -27,13 +27,14 @@ are weighted-mean Spearman, the ``wmean`` aggregation.)
 
 from __future__ import annotations
 
-from typing import Literal, Union
+from typing import Literal
 
 import torch
 from pydantic import Field
 from torch.nn import functional as F
 
 from raysent.methods.base import LossOutput
+from raysent.methods.papers import SUPCON
 from raysent.methods.sbert_nli import SBERTNLI, SBERTNLIParams
 
 ENTAILMENT = 0
@@ -42,8 +43,8 @@ ENTAILMENT = 0
 class SupConParams(SBERTNLIParams):
     scl_weight: float = Field(0.3, ge=0, le=1, description="λ of (1−λ)·CE + λ·SCL (Eq. 3)")
     temperature: float = Field(1.0, gt=0, description="τ (Table 7: best 1.0)")
-    pos_cap: Union[Literal["all"], int] = Field("all", description="N+: positives per anchor (all or a number)")
-    neg_cap: Union[Literal["all"], int] = Field("all", description="N−: negatives per anchor (all or a number)")
+    pos_cap: Literal["all"] | int = Field("all", description="N+: positives per anchor (all or a number)")
+    neg_cap: Literal["all"] | int = Field("all", description="N−: negatives per anchor (all or a number)")
     scl_normalize: bool = Field(False, description="cosine instead of the paper's dot product")
 
 
@@ -80,8 +81,10 @@ def scl_loss(anchors: torch.Tensor, anchor_groups: torch.Tensor, cands: torch.Te
 class SupCon(SBERTNLI):
     name = "supcon"
     paper = "Liao 2021. Sentence Embeddings using Supervised Contrastive Learning"
+    arxiv, citation = SUPCON.arxiv, SUPCON.citation
     summary = "(1−λ)·CE over (u, v, |u−v|) + λ·SCL with N+ positives and N− negatives per premise (Eq. 3)"
     Params = SupConParams
+    params: SupConParams
     variants = {"pos_cap": ("all", "<n>"), "neg_cap": ("all", "<n>")}
     train_defaults = {"batch_size": 64, "lr": 2e-5, "epochs": 1, "warmup_ratio": 0.1, "max_length": 128,
                       "eval_every": 250}

@@ -60,7 +60,8 @@ def forward_pieces(model: nn.Module, inputs: dict[str, torch.Tensor],
     mask = inputs["attention_mask"]
     width = mask.shape[1]
     widths = row_widths(mask)
-    table = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    get_table = getattr(model, "get_input_embeddings", None)  # a Hugging Face model's (not nn.Module's)
+    table = get_table() if get_table is not None else None
     if table is not None and "input_ids" in inputs and torch.is_grad_enabled():
         # the token embeddings of the whole batch in one lookup: one backward into the (large) embedding
         # table instead of one dense gradient per piece; the model adds positions and types per piece

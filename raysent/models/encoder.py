@@ -24,6 +24,7 @@ import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -116,7 +117,7 @@ class Encoder(nn.Module):
 
     # ----------------------------------------------------------------- loading
     @classmethod
-    def load(cls, name: str, dropout: float | None = None) -> "Encoder":
+    def load(cls, name: str, dropout: float | None = None) -> Encoder:
         """Load ``name`` (see :func:`resolve_model`); ``dropout`` overrides hidden and attention dropout."""
         from transformers import AutoModel, AutoTokenizer
 
@@ -176,12 +177,17 @@ class Encoder(nn.Module):
 
     # ----------------------------------------------------------------- shape
     @property
+    def _hf_config(self) -> Any:
+        """The wrapped Hugging Face model's config (``nn.Module`` does not declare it)."""
+        return self.model.config
+
+    @property
     def num_layers(self) -> int:
-        return int(self.model.config.num_hidden_layers)
+        return int(self._hf_config.num_hidden_layers)
 
     @property
     def hidden_size(self) -> int:
-        return int(self.model.config.hidden_size)
+        return int(self._hf_config.hidden_size)
 
     @property
     def max_positions(self) -> int:
@@ -276,7 +282,7 @@ class Encoder(nn.Module):
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         infer = inference_pooling(pooling)
-        model = self.model
+        model: Any = self.model  # a Hugging Face model: its pooler and save_pretrained
         pooler = getattr(model, "pooler", None)
         if infer == "layeratt":
             from safetensors.torch import save_file
@@ -287,9 +293,10 @@ class Encoder(nn.Module):
         elif uses_mlp(infer, training=False) and mlp is not None and mlp is not pooler:
             if pooler is None or not hasattr(pooler, "dense"):
                 raise ModelError(f"cannot store the [CLS] MLP of {self.source}: its architecture has no pooler")
+            dense = cast(nn.Linear, mlp.dense)
             with torch.no_grad():
-                pooler.dense.weight.copy_(mlp.dense.weight)
-                pooler.dense.bias.copy_(mlp.dense.bias)
+                pooler.dense.weight.copy_(dense.weight)
+                pooler.dense.bias.copy_(dense.bias)
             self.has_trained_pooler = True
         # an untrained (randomly initialised) pooler is left out, so no tool mistakes it for a trained one
         drop_pooler = pooler is not None and not self.has_trained_pooler

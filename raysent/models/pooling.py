@@ -43,6 +43,15 @@ def describe_allowed() -> str:
     return ", ".join(BASE_POOLINGS) + ", or layer<K>_<cls|mean|max> (K = 0 for the embeddings .. L)"
 
 
+def check_pooling(value, field: str, also: tuple[str, ...] = ()):
+    """``value`` if it names a pooling (or one of ``also``, or is None), else a ValueError naming ``field`` and
+    what is allowed: the one check every config field and option that takes a pooling goes through."""
+    if value is None or value in also or is_valid_pooling(value):
+        return value
+    extra = "".join(f", {a}" for a in also)
+    raise ValueError(f"unknown {field} {value!r}; allowed: {describe_allowed()}{extra}")
+
+
 def inference_pooling(name: str) -> str:
     """The pooling used at inference for a training pooling (only ``cls_mlp_train`` differs)."""
     return "cls_before_pooler" if name == "cls_mlp_train" else name

@@ -1,0 +1,74 @@
+"""The contrastive losses the methods share, each with the paper and equation it implements. Rows are
+this worker's; columns may be gathered from every worker (``gather``), with ``offset`` where this
+worker's rows start among them (global negatives, :mod:`raysent.train.gather`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+def cosine_matrix(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """[n, m] cosine similarities between the rows of a [n, d] and b [m, d]."""
+    return nn.functional.normalize(a, dim=-1) @ nn.functional.normalize(b, dim=-1).T
+
+
+def nt_xent(a: torch.Tensor, b: torch.Tensor, temperature: float, gather=None, offset: int = 0) -> torch.Tensor:
+    """NT-Xent (Chen et al. 2020, SimCLR) over the 2N vectors of two views, averaged over the 2N.
+
+    For each x_m of {a_i} ∪ {b_i} the positive is its counterpart (a_i ↔ b_i) and the denominator
+    runs over the other 2N − 1 vectors (x_m itself excluded). ``a``, ``b`` [n, d] are this worker's
+    rows (cosine similarity); the 2N columns are gathered from every worker; ``offset`` is where
+    this worker's rows start. Used by SG's L^base (Kim et al. 2021) and ConSERT's Eq. 1.
+    """
+    gather = gather or (lambda x: x)
+    n = a.shape[0]
+    all_a, all_b = gather(a), gather(b)
+    big_n = all_a.shape[0]
+    logits = cosine_matrix(torch.cat([a, b]), torch.cat([all_a, all_b])) / temperature
+    local = torch.arange(n, device=a.device) + offset
+    self_cols = torch.cat([local, local + big_n])
+    pos_cols = torch.cat([local + big_n, local])
+    logits = logits.masked_fill(nn.functional.one_hot(self_cols, 2 * big_n).bool(), float("-inf"))
+    return nn.functional.cross_entropy(logits, pos_cols)
+
+
+def info_nce(
+    anchors: torch.Tensor,
+    candidates: torch.Tensor,
+    temperature: float,
+    gather: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    offset: int = 0,
+    extra_logits: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """SimCSE Eq. 1: cross-entropy of each anchor against all (gathered) candidates.
+
+    ``anchors`` [n, d] are this worker's rows; ``candidates`` [n, d] their positives, in the same
+    order. The positive of anchor i is candidate ``offset + i`` of the gathered [N, d] candidates.
+    ``extra_logits`` [n, k] are appended as further negatives (already divided by τ).
+    """
+    cols = gather(candidates) if gather is not None else candidates
+    logits = cosine_matrix(anchors, cols) / temperature
+    if extra_logits is not None:
+        logits = torch.cat([logits, extra_logits], dim=1)
+    labels = torch.arange(anchors.shape[0], device=anchors.device) + offset
+    return F.cross_entropy(logits, labels)
+
+
+def hard_negative_loss(anchors, positives, hard_negatives, temperature: float, hard_negative_weight: float = 0.0,
+                       gather=None, offset: int = 0) -> torch.Tensor:
+    """SimCSE Eq. 5 with the hard-negative weight; rows local, columns gathered.
+
+    Logits of anchor i: [sim(h_i, H^+)/τ | sim(h_i, H^-)/τ + w at column offset+i of the second block].
+    """
+    negs = gather(hard_negatives) if gather is not None else hard_negatives
+    hn_logits = cosine_matrix(anchors, negs) / temperature
+    if hard_negative_weight:
+        rows = torch.arange(anchors.shape[0], device=anchors.device)
+        weights = torch.zeros_like(hn_logits)
+        weights[rows, rows + offset] = hard_negative_weight
+        hn_logits = hn_logits + weights
+    return info_nce(anchors, positives, temperature, gather=gather, offset=offset, extra_logits=hn_logits)
