@@ -119,7 +119,7 @@ def log_training_run(uri: str, experiment_id: str, cfg: ExperimentConfig, record
         c.log_dict(run_id, record, "result.json")
         c.set_terminated(run_id, status=status)
         return run_id
-    except Exception as exc:  # noqa: BLE001 - tracking must never lose a finished run
+    except Exception as exc:
         warnings.warn(f"MLflow ({redact(uri)}) did not record the run: {exc}; its JSON is in results/", stacklevel=2)
         return None
 
@@ -142,7 +142,7 @@ def log_configuration(uri: str, experiment_id: str, cfg: ExperimentConfig, phase
             c.set_tag(seed_run, PARENT_TAG, run_id)
         c.set_terminated(run_id)
         return run_id
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         warnings.warn(f"MLflow ({redact(uri)}) did not record configuration {cid}: {exc}", stacklevel=2)
         return None
 
@@ -150,7 +150,7 @@ def log_configuration(uri: str, experiment_id: str, cfg: ExperimentConfig, phase
 def log_text(uri: str, run_id: str, text: str, name: str) -> None:
     try:
         client(uri).log_text(run_id, text, name)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         warnings.warn(f"MLflow ({redact(uri)}): could not store {name}: {exc}", stacklevel=2)
 
 

@@ -53,7 +53,7 @@ def write_run(root: Path, exp: str, cid: str, seed: int, hp: dict, *, phase: str
     curve = dev_curve or [{"step": 0, "dev_spearman": 80.0}, {"step": 10, "dev_spearman": 80.0 + seed * 0.1},
                           {"step": 20, "dev_spearman": 80.0 + seed * 0.2 + len(cid) * 0.01}]
     rec = {
-        "experiment": exp, "phase": phase, "search": search, "config_id": cid, "hp": hp, "seed": seed,
+        "schema_version": 1, "experiment": exp, "phase": phase, "search": search, "config_id": cid, "hp": hp, "seed": seed,
         "method": method, "model": model,
         "hyperparameters": {"method": method, "model": model, "seed": seed, "batch_size": 64, "pooling": "cls_mlp_train",
                             **hp},
@@ -393,6 +393,7 @@ def _independent_grid(model_dir: Path, pairs: list[tuple[str, str, float]]) -> d
     return out
 
 
+@pytest.mark.shared
 def test_eval_layers_against_an_independent_computation(tmp_path, capsys):
     import torch
 

@@ -28,6 +28,14 @@ import time
 RESULT_PREFIX = "RESULT "
 
 
+class PartFailed(Exception):
+    """A bench part that failed after measuring some of its cases: ``partial`` holds what it measured."""
+
+    def __init__(self, partial: dict):
+        super().__init__("the part failed midway")
+        self.partial = partial
+
+
 def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
 
@@ -108,8 +116,12 @@ def st_mnrl_case(spec: dict) -> dict:
 def _st_mnrl_case(spec: dict, scratch: str) -> dict:
     import torch
     from datasets import Dataset
-    from sentence_transformers import (SentenceTransformer, SentenceTransformerTrainer,
-                                       SentenceTransformerTrainingArguments, losses)
+    from sentence_transformers import (
+        SentenceTransformer,
+        SentenceTransformerTrainer,
+        SentenceTransformerTrainingArguments,
+        losses,
+    )
     from transformers import TrainerCallback
 
     from raysent.data import load

@@ -6,7 +6,7 @@ The same run (config, seed, steps, dev evaluations, checkpoints, result.json) fo
 * ``ray_train``: :func:`raysent.train.ray_train.train_with_ray` with one Ray Train worker (the
   controller and worker processes are started, import torch and load the model: all counted);
 * ``tune_trial``: Ray Tune trials whose function trainable launches that TorchTrainer, exactly as a
-  `raysent tune` trial with ``resources.workers: 1`` does (:func:`raysent.tune.search._train`);
+  `raysent tune` trial with ``resources.workers: 1`` does (:func:`raysent.tune.search.train_trial`);
 * ``tune_in_trial``: Ray Tune trials that train in the trial's own process, as a `raysent tune` trial
   with ``resources.workers: null`` does.
 
@@ -78,7 +78,7 @@ class RayCpu:
         while not self._stop.wait(self.interval):
             self.last.update(self._read())
 
-    def __enter__(self) -> "RayCpu":
+    def __enter__(self) -> RayCpu:
         self.t0 = time.perf_counter()
         if os.path.isdir("/proc"):
             self.start = {pid: cpu for pid, (_, cpu) in self._read().items()}
@@ -115,13 +115,13 @@ def _tune_trials(cfg, trials: int, trial_cpus: float, root: Path) -> list[float]
 
     from raysent.config import with_overrides
     from raysent.train.ray_train import worker_env
-    from raysent.tune.search import _train, reuse_trial_processes
+    from raysent.tune.search import reuse_trial_processes, train_trial
 
     env = worker_env()  # absolute paths: a trial runs in its own folder, as do its Ray Train workers
 
     def trial(config: dict) -> None:
         os.environ.update(env)
-        _train(with_overrides(cfg, {"train.output_dir": str(root / "runs" / f"trial{config['i']}")}))
+        train_trial(with_overrides(cfg, {"train.output_dir": str(root / "runs" / f"trial{config['i']}")}))
         tune.report({"ended": time.time()})
 
     tuner = tune.Tuner(tune.with_resources(trial, {"CPU": trial_cpus}),
@@ -194,7 +194,7 @@ def bench_overhead(raw_config: dict, steps: int, cpus: float, trials: int = 2, s
             out["tune_in_trial_each"] = _tune_trials(in_trial, trials, cpus, root / "tune-in-trial")
         out["tune_in_trial_cpu"] = cpu.summary()
     except Exception as exc:
-        from raysent.bench import PartFailed
+        from raysent.bench.cases import PartFailed
 
         raise PartFailed(_ratios(out)) from exc  # the ways measured before the one that failed
     finally:

@@ -24,8 +24,17 @@ import numpy as np
 from scipy import stats
 
 from raysent.errors import RaysentError
-from raysent.report.runs import (TASK_LABELS, TASKS, Run, check_aggregation, check_choice, CORRELATIONS,
-                                 format_value, resolve, short_model)
+from raysent.report.runs import (
+    CORRELATIONS,
+    TASK_LABELS,
+    TASKS,
+    Run,
+    check_aggregation,
+    check_choice,
+    format_value,
+    resolve,
+    short_model,
+)
 
 COLUMNS = (*TASKS, "avg", "dev")
 

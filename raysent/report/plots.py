@@ -21,12 +21,12 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.ticker import NullFormatter  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.ticker import NullFormatter
 
-from raysent.errors import RaysentError  # noqa: E402
-from raysent.report.runs import Run, format_value, load_experiment  # noqa: E402
+from raysent.errors import RaysentError
+from raysent.report.runs import Run, format_value, load_experiment
 
 PLOT_KINDS = ("dev", "hp", "importance", "parallel")
 FILES = {"dev": "dev_curves.png", "hp": "search_hyperparameters.png", "importance": "optuna_importances.png",
@@ -99,7 +99,7 @@ def plot_hyperparameters(runs: list[Run], path: str | Path, title: str = "") -> 
         cats = None if numeric else sorted({x for x in xs}, key=lambda v: (isinstance(v, str), v if not
                                                                             isinstance(v, str) else 0, str(v)))
 
-        def pos(x):
+        def pos(x, numeric=numeric, cats=cats):
             return x if numeric else cats.index(x)
 
         ax.scatter([pos(x) for x in xs], [r.score("dev") for r in have], s=14, alpha=0.5, color="tab:gray",

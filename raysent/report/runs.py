@@ -16,20 +16,19 @@ Imports no Ray and no MLflow.
 from __future__ import annotations
 
 import glob as globlib
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from raysent.errors import RaysentError, did_you_mean
+from raysent.train.records import PHASES, read_record
 
 TASKS = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")  # the papers' column order
 TASK_LABELS = {"sts12": "STS12", "sts13": "STS13", "sts14": "STS14", "sts15": "STS15", "sts16": "STS16",
                "stsb": "STS-B", "sickr": "SICK-R", "avg": "Avg", "dev": "Dev"}
 AGGREGATIONS = ("all", "mean", "wmean")
 CORRELATIONS = ("spearman", "pearson")
-PHASES = ("final", "search")
 
 # run-file keys that say nothing about the configuration (never offered for --group-by)
 _VOLATILE = {"best_model_dir", "train_seconds", "sentences_per_second", "wall_seconds", "finished_at",
@@ -207,23 +206,9 @@ class Run:
 
 # --------------------------------------------------------------------------- loading
 def read_run(path: str | Path) -> Run:
+    """A run file, validated against the run record's schema (:mod:`raysent.train.records`)."""
     path = Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise RaysentError(f"{path}: run file not found") from None
-    except json.JSONDecodeError as exc:
-        raise RaysentError(f"{path}: not a valid run file (JSON error at line {exc.lineno}: {exc.msg})") from None
-    if not isinstance(data, dict):
-        raise RaysentError(f"{path}: not a run file (expected a JSON object, found {type(data).__name__})")
-    missing = [k for k in ("phase", "config_id", "seed") if k not in data]
-    if missing:
-        raise RaysentError(f"{path}: not a raysent run file: missing field(s) {', '.join(missing)} "
-                           "(expected the keys raysent tune writes: experiment, phase, search, config_id, hp, seed, "
-                           "method, model, scores, dev_curve, config)")
-    if data["phase"] not in PHASES:
-        raise RaysentError(f"{path}: field 'phase' is {data['phase']!r}; allowed: {', '.join(PHASES)}")
-    return Run(path, data)
+    return Run(path, read_record(path).model_dump(exclude_unset=True))
 
 
 def experiments(results_dir: str | Path) -> list[str]:

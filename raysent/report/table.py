@@ -28,8 +28,17 @@ import pandas as pd
 
 from raysent.errors import RaysentError
 from raysent.report import published as pub
-from raysent.report.runs import (TASK_LABELS, TASKS, Run, check_aggregation, check_choice, check_fields,
-                                 CORRELATIONS, format_value, short_model)
+from raysent.report.runs import (
+    CORRELATIONS,
+    TASK_LABELS,
+    TASKS,
+    Run,
+    check_aggregation,
+    check_choice,
+    check_fields,
+    format_value,
+    short_model,
+)
 
 COLUMNS = (*TASKS, "avg")
 MISSING = "—"
@@ -119,7 +128,8 @@ class Table:
                 cell = r.cells[c]
                 rec[f"{c}_mean"] = cell.mean
                 rec[f"{c}_std"] = cell.std
-                rec[f"{c}_n"] = cell.runs_given if cell.runs_given is not None else (cell.n if r.kind == "ours" else None)
+                rec[f"{c}_n"] = (cell.runs_given if cell.runs_given is not None
+                                 else (cell.n if r.kind == "ours" else None))
                 rec[f"{c}_expected"] = cell.expected
             out.append(rec)
         df = pd.DataFrame(out)
@@ -351,7 +361,8 @@ def build_table(
     caption = (f"{title or ', '.join(exps)}: {phase_txt} phase; {corr} ×100 of cosine similarity; STS12-16 "
                f"aggregated as '{aggregation}'; cells: mean±std (n) over n runs, sample std (n−1); (n/N): only n of "
                f"the N expected runs have the score; {MISSING}: no score"
-               + ("; Dev: the best model-selection score (data.dev, STS-B dev by default), not a test score" if dev else "")
+               + ("; Dev: the best model-selection score (data.dev, STS-B dev by default), not a test score"
+                  if dev else "")
                + (f"; rows grouped by {', '.join(group_by)}" if group_by else ""))
     return Table(rows, columns, caption, notes, aggregation, correlation)
 

@@ -17,7 +17,6 @@ worker or the whole run dies.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import os
@@ -169,7 +168,7 @@ def _set_rng_state(st: dict) -> None:
         torch.cuda.set_rng_state_all(st["cuda"])
 
 
-def _link_tree(src: Path, dst: Path) -> None:
+def link_tree(src: Path, dst: Path) -> None:
     """Copy a folder using hard links where the filesystem allows (checkpoints stay cheap)."""
     def link(s, d):
         try:
@@ -249,7 +248,7 @@ def run_training(cfg: ExperimentConfig, method: Method, data: TokenizedData, dev
         _set_rng_state(ckpt["rng"][hooks.rank])
         if best_dir is not None and (restored / BEST_DIR).is_dir() and restored.resolve() != scratch.resolve():
             shutil.rmtree(best_dir, ignore_errors=True)
-            _link_tree(restored / BEST_DIR, best_dir)
+            link_tree(restored / BEST_DIR, best_dir)
         hooks.log(f"resumed from {hooks.restored_from} at step {state.step} (best dev {state.best_score:.2f} at "
                   f"step {state.best_step})")
         fail_at_step = None
@@ -296,7 +295,7 @@ def run_training(cfg: ExperimentConfig, method: Method, data: TokenizedData, dev
                 "rng": rng,
             }, ckpt_dir / STATE_FILE)
             if best_dir.is_dir():
-                _link_tree(best_dir, ckpt_dir / BEST_DIR)
+                link_tree(best_dir, ckpt_dir / BEST_DIR)
         t1 = time.perf_counter()
         hooks.report(metrics, ckpt_dir)
         phases["checkpoint_seconds"] += t1 - t0
@@ -484,11 +483,3 @@ def _to_device(batch: dict, device: torch.device) -> dict:
         else:
             out[k] = v
     return out
-
-
-def write_json_atomic(path: Path, obj: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as fh:
-        json.dump(obj, fh, indent=2, default=str)
-    os.replace(tmp, path)

@@ -1,6 +1,6 @@
 """Ray Train: the one-worker loop of raysent.train.loop on N workers (Train V2 ``TorchTrainer``).
 
-The train function of every worker is :func:`raysent.train.loop.run_training` itself, with
+The train function of every worker is :func:`raysent.train.run.train_once`, as in process, with
 :class:`RayHooks` instead of the in-process hooks:
 
 * DDP through ``ray.train.torch.prepare_model`` (gloo on CPU, NCCL on GPU), with what a method keeps
@@ -36,11 +36,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from raysent.config import ExperimentConfig, parse_config
+from raysent.config import ExperimentConfig, parse_config, with_overrides
 from raysent.errors import RaysentError
+from raysent.io import write_json_atomic
 from raysent.methods import Gatherer, Method
-from raysent.train.loop import BEST_DIR, STATE_FILE, TrainHooks, _link_tree, run_training, write_json_atomic
-from raysent.train.run import _stderr, build_method, finish, prepare_data, train_stages
+from raysent.train import run as in_process
+from raysent.train.loop import BEST_DIR, STATE_FILE, TrainHooks, link_tree
+from raysent.train.run import finish, stage_dirs, stderr, train_once, train_stages
 
 SUMMARY_FILE = "summary.json"
 # environment a worker needs to find data and models (absolute paths from the driver)
@@ -186,7 +188,8 @@ class RayHooks(TrainHooks):
             checkpoint = ray.train.Checkpoint.from_directory(str(checkpoint_dir))
             if self._in_storage is not None and Path(checkpoint_dir).is_relative_to(self._in_storage):
                 # already in Ray's experiment folder: registered where it is; Ray's num_to_keep deletes old ones
-                ray.train.report(clean, checkpoint=checkpoint, checkpoint_upload_mode=ray.train.CheckpointUploadMode.NO_UPLOAD)
+                ray.train.report(clean, checkpoint=checkpoint,
+                                 checkpoint_upload_mode=ray.train.CheckpointUploadMode.NO_UPLOAD)
             else:
                 ray.train.report(clean, checkpoint=checkpoint)
                 if self._last is not None and self._last != self._copy:  # uploaded by Ray: this copy is done
@@ -214,7 +217,7 @@ class RayHooks(TrainHooks):
         if self.rank == 0:
             final = Path(tempfile.mkdtemp(dir=self.scratch_dir(), prefix=".final-")) / "checkpoint"
             if self._last is not None:
-                _link_tree(self._last, final)
+                link_tree(self._last, final)
             final.mkdir(exist_ok=True)
             # a new file, not a write through a link: the newest checkpoint may be Ray's final one of the run
             # this run resumed, whose summary must stay as it was
@@ -247,16 +250,9 @@ def _train_worker(config: dict) -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
     cfg = parse_config(config["config"], source="<ray worker config>")
     hooks = RayHooks(cfg, quiet=config.get("quiet", False))
-    t = time.perf_counter()
-    method = build_method(cfg)
-    built = time.perf_counter()
-    data, groups, info = prepare_data(cfg, method)
-    startup = {"entered_unix": entered, "build_method_seconds": built - t,
-               "prepare_data_seconds": time.perf_counter() - built}
     # an injected failure (tests) kills the last worker only, as a crashed worker would
     fail_at = config.get("fail_at_step") if hooks.rank == hooks.world_size - 1 else None
-    run_training(cfg, method, data, cfg.data.dev, hooks, groups=groups, fail_at_step=fail_at,
-                 record={"data": info, "startup": startup})
+    train_once(cfg, hooks, fail_at_step=fail_at, startup={"entered_unix": entered})
 
 
 # --------------------------------------------------------------------------- driver side
@@ -316,6 +312,21 @@ def delete_run(storage_path: str, name: str) -> None:
         fs.delete_dir(path)
 
 
+def delete_checkpoints(cfg: ExperimentConfig) -> None:
+    """Delete a finished run's resume checkpoints of every stage, in this process's folders and, for a run
+    on Ray Train workers, its run folder in Ray's storage (which may be remote). Best models and
+    result.json stay."""
+    in_process.delete_checkpoints(cfg)
+    if not cfg.resources.workers:
+        return
+    for stage_out in stage_dirs(cfg):
+        delete_run(*run_location(with_overrides(cfg, {"train.output_dir": str(stage_out)})))
+        try:
+            (stage_out / "ray").rmdir()  # the default storage folder, now empty
+        except OSError:
+            pass
+
+
 def worker_env() -> dict[str, str]:
     env = {}
     for key in FORWARDED_ENV:
@@ -363,7 +374,7 @@ def take_best_model(checkpoint, out: Path) -> dict | None:
             raise RaysentError(f"checkpoint {checkpoint.path} holds no best model")
         tmp = Path(tempfile.mkdtemp(dir=out, prefix=".best-"))
         shutil.rmtree(tmp)
-        _link_tree(d / BEST_DIR, tmp)
+        link_tree(d / BEST_DIR, tmp)
         summary = json.loads((d / SUMMARY_FILE).read_text()) if (d / SUMMARY_FILE).is_file() else None
     shutil.rmtree(out / BEST_DIR, ignore_errors=True)
     tmp.rename(out / BEST_DIR)
@@ -381,8 +392,7 @@ def collect(cfg: ExperimentConfig, result, t0: float) -> dict:
     if summary is None:
         raise RaysentError(f"training {cfg.name} on Ray Train: its last checkpoint has no run summary")
     summary["ray"] = {"storage_path": result.path, "checkpoint": result.checkpoint.path}
-    info = summary.pop("data")
-    return finish(cfg, summary, info, out, t0)
+    return finish(cfg, summary, out, t0)
 
 
 def take_best_model_of_run(cfg: ExperimentConfig) -> bool:
@@ -428,4 +438,4 @@ def train_with_ray(cfg: ExperimentConfig, resume: bool = False, quiet: bool = Fa
     """`raysent train` with resources.workers: every stage of the method through Ray Train."""
     init_ray(cfg)
     return train_stages(cfg, lambda c: train_one_with_ray(c, resume, quiet, fail_at_step), resume=resume,
-                        log=(lambda m: None) if quiet else _stderr)
+                        log=(lambda m: None) if quiet else stderr)

@@ -15,10 +15,11 @@ import numpy as np
 from raysent.config import ExperimentConfig, with_overrides
 from raysent.data import load
 from raysent.data.batching import TokenizedData
+from raysent.io import write_json_atomic
 from raysent.methods import Method, get_method
 from raysent.methods.base import PREVIOUS_STAGE_BEST
 from raysent.models.encoder import Encoder
-from raysent.train.loop import TrainHooks, run_training, set_seed, write_json_atomic
+from raysent.train.loop import TrainHooks, run_training, set_seed
 from raysent.train.memory import use_huge_pages
 
 log = logging.getLogger("raysent.train")
@@ -101,48 +102,59 @@ def _stage_dir(out: Path, label: str | None, last: bool) -> Path:
     return out if last else out / label
 
 
-def delete_checkpoints(cfg: ExperimentConfig) -> None:
-    """Delete a finished run's resume checkpoints (model and optimizer state) of every stage: what only a
-    resumed run reads. Its best model(s) and result.json stay."""
+def stage_dirs(cfg: ExperimentConfig) -> list[Path]:
+    """The folder every stage of a run trains in, in order (one for most methods)."""
     stages = get_method(cfg.method).stages(cfg) or [(None, {})]
     out = cfg.output_dir()
-    for i, (label, _) in enumerate(stages):
-        stage_out = _stage_dir(out, label, i == len(stages) - 1)
-        shutil.rmtree(stage_out / "checkpoint", ignore_errors=True)  # trained in this process
-        if cfg.resources.workers:  # Ray Train's run folder (the storage may be remote)
-            from raysent.train.ray_train import delete_run, run_location
+    return [_stage_dir(out, label, i == len(stages) - 1) for i, (label, _) in enumerate(stages)]
 
-            delete_run(*run_location(with_overrides(cfg, {"train.output_dir": str(stage_out)})))
-            try:
-                (stage_out / "ray").rmdir()  # the default storage folder, now empty
-            except OSError:
-                pass
+
+def delete_checkpoints(cfg: ExperimentConfig) -> None:
+    """Delete a finished in-process run's resume checkpoints (model and optimizer state) of every stage: what
+    only a resumed run reads. Its best model(s) and result.json stay. (A Ray Train run keeps its checkpoints in
+    Ray's storage: :func:`raysent.train.ray_train.delete_checkpoints` deletes those too.)"""
+    for stage_out in stage_dirs(cfg):
+        shutil.rmtree(stage_out / "checkpoint", ignore_errors=True)
+
+
+def train_once(cfg: ExperimentConfig, hooks: TrainHooks, fail_at_step: int | None = None,
+               startup: dict | None = None) -> dict:
+    """One stage of one run, the same on every path (in this process, in a Tune trial, on each Ray Train
+    worker): build the method, prepare its data, run the loop with ``hooks``. Returns the loop's summary with
+    ``data`` (what it trained on) and ``startup`` (seconds to build the method and to prepare the data)."""
+    t = time.perf_counter()
+    method = build_method(cfg)
+    built = time.perf_counter()
+    data, groups, info = prepare_data(cfg, method)
+    startup = {**(startup or {}), "build_method_seconds": built - t,
+               "prepare_data_seconds": time.perf_counter() - built}
+    return run_training(cfg, method, data, cfg.data.dev, hooks, groups=groups, fail_at_step=fail_at_step,
+                        record={"data": info, "startup": startup})
 
 
 def train_in_process(cfg: ExperimentConfig, resume: bool = False, quiet: bool = False,
-                     fail_at_step: int | None = None) -> dict:
-    """`raysent train` without resources.workers: the loop in this process, results in output_dir."""
+                     fail_at_step: int | None = None, hooks: type[TrainHooks] = TrainHooks) -> dict:
+    """Every stage of a run with the loop in this process (`raysent train` without resources.workers, and a
+    Tune trial that trains in its own process, with ``hooks`` that report to Tune); results in output_dir."""
 
     def train_one(stage_cfg: ExperimentConfig) -> dict:
         out = stage_cfg.output_dir()
         t0 = time.time()
-        hooks = TrainHooks(out, resume=resume, quiet=quiet)
-        method = build_method(stage_cfg)
-        data, groups, info = prepare_data(stage_cfg, method)
-        summary = run_training(stage_cfg, method, data, stage_cfg.data.dev, hooks, groups=groups,
-                               fail_at_step=fail_at_step)
-        return finish(stage_cfg, summary, info, out, t0)
+        summary = train_once(stage_cfg, hooks(out, resume=resume, quiet=quiet), fail_at_step=fail_at_step)
+        return finish(stage_cfg, summary, out, t0)
 
-    return train_stages(cfg, train_one, resume=resume, log=(lambda m: None) if quiet else _stderr)
+    return train_stages(cfg, train_one, resume=resume, log=(lambda m: None) if quiet else stderr)
 
 
-def _stderr(msg: str) -> None:
+def stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def finish(cfg: ExperimentConfig, summary: dict, data_info: dict, out: Path, t0: float) -> dict:
+def finish(cfg: ExperimentConfig, summary: dict, out: Path, t0: float) -> dict:
+    """The run's summary with what the driver knows (name, seed, folders, wall time, config), in result.json."""
+    data_info = summary["data"]
     summary = {**summary, "name": cfg.name, "seed": cfg.train.seed, "model": cfg.model.name,
-               "data": data_info, "transductive": data_info["transductive"], "output_dir": str(out),
+               "transductive": data_info["transductive"], "output_dir": str(out),
                "best_model_dir": str(out / "best"), "wall_seconds": time.time() - t0,
                "config": cfg.to_dict()}
     write_json_atomic(out / "result.json", summary)

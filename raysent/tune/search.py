@@ -38,10 +38,24 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from raysent.config import ExperimentConfig, hyperparameters, parse_config, with_overrides
+from raysent.config import ExperimentConfig, with_overrides
 from raysent.errors import Interrupted, RaysentError
-from raysent.train.loop import TrainHooks, write_json_atomic
-from raysent.tune.space import config_id, decode, grid, suggest
+from raysent.io import write_json_atomic
+from raysent.train.records import learned, read_record, validate_record
+from raysent.train.run import train_in_process, train_stages
+from raysent.tune.space import config_id, grid, suggest
+from raysent.tune.trial import (
+    RECORD_KEY,
+    STOPPED_DIR,
+    MlflowTarget,
+    TrialContext,
+    TuneHooks,
+    build_record,
+    drop_checkpoints,
+    record_path,
+    resolve_trial,
+    save_record,
+)
 
 STATE_FILE = "state.json"
 
@@ -58,11 +72,6 @@ def tune_metric(cfg: ExperimentConfig) -> str:
     return "best_dev_spearman" if metric == "dev_spearman" else metric
 
 
-def search_seed(cfg: ExperimentConfig, index: int) -> int:
-    """The i-th repeat of a configuration in the search: the i-th of ``seeds`` (then train.seed + i)."""
-    return cfg.seeds[index] if index < len(cfg.seeds) else cfg.train.seed + index
-
-
 def _load_state(exp: Path) -> dict:
     p = exp / STATE_FILE
     return json.loads(p.read_text()) if p.is_file() else {}
@@ -73,107 +82,35 @@ def _save_state(exp: Path, state: dict) -> None:
 
 
 # --------------------------------------------------------------------------- one trial
-class TuneHooks(TrainHooks):
-    """The loop in the trial's own process: checkpoints in the run's folder, metrics to Tune."""
-
-    def report(self, metrics: dict, checkpoint_dir) -> None:
-        from ray import tune
-
-        super().report(metrics, checkpoint_dir)
-        tune.report({k: v for k, v in metrics.items() if isinstance(v, (int, float, bool))})
-
-
-def _trial(config: dict, ctx: dict, trial_id: str) -> tuple[dict, int, str, ExperimentConfig]:
-    """(hyperparameters, seed, config_id, resolved config) of one trial of the phase ``ctx`` describes."""
-    base = parse_config(ctx["config"], source=ctx["source"])
-    phase = ctx["phase"]
-    if phase == "search":
-        hp = decode(config, base.search.space)
-        seed = search_seed(base, int(config.get("__trial_index__", config.get("seed_index", 0))))
-    else:
-        hp, seed = dict(ctx["hp"]), int(config["seed"])
-    out = Path(ctx["exp_dir"]) / phase / ctx["run"] / (trial_id if phase == "search" else f"seed{seed}")
-    cfg = with_overrides(base, {**hp, "train.seed": seed, "train.output_dir": str(out)})
-    return hp, seed, config_id(hp), cfg
-
-
-def _record(ctx: dict, cfg: ExperimentConfig, hp: dict, seed: int, trial_id: str, summary: dict) -> dict:
-    """The run record of one (configuration, seed) from its run summary."""
-    return {
-        "experiment": Path(ctx["exp_dir"]).name, "phase": ctx["phase"], "search": ctx["run"],
-        "config_id": config_id(hp), "hp": hp, "seed": seed, "trial_id": trial_id, "method": cfg.method,
-        "model": cfg.model.name, "hyperparameters": hyperparameters(cfg), "transductive": summary.get("transductive"),
-        "best_dev_spearman": summary["best_dev_spearman"], "best_step": summary["best_step"],
-        "initial_dev": summary.get("initial_dev"), "dev_curve": summary.get("dev_curve", []),
-        "final_step": summary.get("final_step"), "train_seconds": summary.get("train_seconds"),
-        "sentences_per_second": summary.get("sentences_per_second"), "workers": summary.get("workers"),
-        "best_model_dir": summary.get("best_model_dir"), "config": cfg.to_dict(), "scores": {},
-        "learned": learned(cfg.method, summary.get("best_step")),
-    }
-
-
-def learned(method: str, best_step) -> bool | None:
-    """Whether a run improved on the untouched encoder: its best checkpoint is after step 0 (None for a method
-    that does not train). A run whose best is step 0 reports the input model, not what training made of it."""
-    if method == "baseline" or best_step is None:
-        return None
-    return int(best_step) > 0
-
-
-def _save_record(path: Path, record: dict, cfg: ExperimentConfig, ctx: dict, **mlflow_run) -> None:
-    """Write the run record (atomic), log its MLflow run (``mlflow_run``: status, tags) and write it again
-    with the run's id: the record is on disk even when MLflow fails."""
-    from raysent.tracking import log_training_run
-
-    write_json_atomic(path, record)
-    m = ctx.get("mlflow")
-    if m:
-        record["mlflow_run_id"] = log_training_run(m["uri"], m["experiment_id"], cfg, record, m["parent"], **mlflow_run)
-        write_json_atomic(path, record)
-
-
-def drop_checkpoints(cfg: ExperimentConfig) -> None:
-    """Delete a finished or stopped trial's training checkpoints unless ``search.keep_checkpoints``: only a
-    resumed run reads them, and Tune runs such a trial no more; a model plus its optimizer state per trial
-    (~1.3 GB for BERT-base) would add up over a search."""
-    if not (cfg.search and cfg.search.keep_checkpoints):
-        from raysent.train.run import delete_checkpoints
-
-        delete_checkpoints(cfg)
-
-
-def run_trial(config: dict, ctx: dict) -> None:
+def run_trial(config: dict, ctx: TrialContext) -> None:
     """One (configuration, seed): train, evaluate (final phase: test sets), record, report to Tune."""
     from ray import tune
 
     from raysent.train.memory import release_freed_memory
 
     release_freed_memory()  # this process may have run the trial before (reuse_trial_processes)
-    for key, value in ctx.get("env", {}).items():
+    for key, value in ctx.env.items():
         if key not in os.environ or os.path.exists(value):
             os.environ[key] = value
     trial_id = tune.get_context().get_trial_id()
-    hp, seed, cid, cfg = _trial(config, ctx, trial_id)
-    exp, phase = Path(ctx["exp_dir"]), ctx["phase"]
+    hp, seed, cid, cfg = resolve_trial(config, ctx, trial_id)
     started = time.time()
-    summary = _train(cfg)
-    record = _record(ctx, cfg, hp, seed, trial_id, summary)
-    if phase == "final":
-        record["eval"] = evaluate_final(cfg, summary["best_model_dir"])
-        record["scores"] = record["eval"]["metrics"]
-    record["wall_seconds"] = time.time() - started
-    record["finished_at"] = time.time()
-    _save_record(exp / "runs" / f"{phase}-{ctx['run']}-{cid}-seed{seed}.json", record, cfg, ctx)
+    summary = train_trial(cfg)
+    final = {}
+    if ctx.phase == "final":
+        final["eval"] = evaluate_final(cfg, summary["best_model_dir"])
+        final["scores"] = final["eval"]["metrics"]
+    record = build_record(ctx, cfg, hp, seed, trial_id, summary, **final, wall_seconds=time.time() - started,
+                          finished_at=time.time())
+    data = save_record(record_path(ctx, record), record, cfg, ctx)
     drop_checkpoints(cfg)  # before the last report, after which Tune may end this process
     # the record also travels in the result: on a cluster this trial may run on another node, whose disk the
     # driver cannot read; the driver writes every record it gets back into its own results/<exp>/runs
-    tune.report({ctx["metric"]: record["best_dev_spearman"] if ctx["metric"] == "best_dev_spearman"
-                 else (record["dev_curve"][-1].get(ctx["metric"], math.nan) if record["dev_curve"] else math.nan),
-                 "seed": seed, "finished": True, RECORD_KEY: json.dumps(record, default=str),
-                 **{k: v for k, v in record["scores"].items() if isinstance(v, float)}})
+    tune.report({ctx.metric: record.best_dev_spearman if ctx.metric == "best_dev_spearman"
+                 else (data["dev_curve"][-1].get(ctx.metric, math.nan) if data["dev_curve"] else math.nan),
+                 "seed": seed, "finished": True, RECORD_KEY: json.dumps(data, default=str),
+                 **{k: v for k, v in record.scores.items() if isinstance(v, float)}})
 
-
-RECORD_KEY = "raysent_record"
 
 
 def _sync_records(results, exp: Path) -> int:
@@ -183,18 +120,17 @@ def _sync_records(results, exp: Path) -> int:
         text = (r.metrics or {}).get(RECORD_KEY)
         if not text:
             continue
-        rec = json.loads(text)
-        path = exp / "runs" / f"{rec['phase']}-{rec['search']}-{rec['config_id']}-seed{rec['seed']}.json"
+        rec = validate_record(json.loads(text), f"the record trial {r.metrics.get('trial_id')} sent")
+        path = exp / "runs" / f"{rec.phase}-{rec.search}-{rec.config_id}-seed{rec.seed}.json"
         if not path.is_file():
-            write_json_atomic(path, rec)
+            write_json_atomic(path, rec.to_json())
             written += 1
     return written
 
 
-def _train(cfg: ExperimentConfig) -> dict:
-    from raysent.train.run import build_method, finish, prepare_data, train_stages
-    from raysent.train.loop import run_training
-
+def train_trial(cfg: ExperimentConfig) -> dict:
+    """Every stage of one trial's run, resumed where a checkpoint exists: on Ray Train workers
+    (``resources.workers``; Train's metrics forwarded to Tune) or in the trial's own process."""
     if cfg.resources.workers:
         from ray.tune.integration.ray_train import TuneReportCallback
 
@@ -203,16 +139,7 @@ def _train(cfg: ExperimentConfig) -> dict:
         return train_stages(cfg, lambda c: train_one_with_ray(c, resume=True, quiet=True,
                                                               callbacks=[TuneReportCallback()]),
                             resume=True, log=lambda m: None)
-
-    def here(c: ExperimentConfig) -> dict:
-        t0 = time.time()
-        out = c.output_dir()
-        method = build_method(c)
-        data, groups, info = prepare_data(c, method)
-        s = run_training(c, method, data, c.data.dev, TuneHooks(out, resume=True, quiet=True), groups=groups)
-        return finish(c, s, info, out, t0)
-
-    return train_stages(cfg, here, resume=True, log=lambda m: None)
+    return train_in_process(cfg, resume=True, quiet=True, hooks=TuneHooks)
 
 
 def evaluate_final(cfg: ExperimentConfig, model_dir: str) -> dict:
@@ -223,8 +150,8 @@ def evaluate_final(cfg: ExperimentConfig, model_dir: str) -> dict:
     e = cfg.eval
     encoder = Encoder.load(model_dir)  # the saved best model, with its inference pooling in raysent.json
     encoder.eval()
-    res = evaluate_tasks(encoder, e.tasks, pooling=e.pooling or encoder.meta.pooling, max_length=e.max_length, batch_size=e.batch_size,
-                         options={"sts": {"aggregation": e.aggregation,
+    res = evaluate_tasks(encoder, e.tasks, pooling=e.pooling or encoder.meta.pooling, max_length=e.max_length,
+                         batch_size=e.batch_size, options={"sts": {"aggregation": e.aggregation,
                                           **({"tasks": e.sts_sets} if e.sts_sets else {})}})
     return {"metrics": {k: float(v) for k, v in res["metrics"].items() if isinstance(v, (int, float))},
             "details": res.get("details", {})}
@@ -270,7 +197,11 @@ def _env() -> dict:
     return worker_env()
 
 
-def _trainable(cfg: ExperimentConfig, ctx: dict):
+def _mlflow_target(mlflow: dict | None) -> MlflowTarget | None:
+    return MlflowTarget(**mlflow) if mlflow else None
+
+
+def _trainable(cfg: ExperimentConfig, ctx: TrialContext):
     from ray import tune
 
     r = cfg.resources
@@ -382,8 +313,8 @@ def run_search(cfg: ExperimentConfig, exp: Path, state: dict, mlflow: dict | Non
     s = cfg.search
     run = state["run"]
     metric = tune_metric(cfg)
-    ctx = {"config": cfg.to_dict(), "source": state.get("source", "<config>"), "phase": "search", "run": run,
-           "exp_dir": str(exp), "metric": metric, "mlflow": mlflow, "env": _env()}
+    ctx = TrialContext(config=cfg.to_dict(), source=state.get("source", "<config>"), phase="search", run=run,
+                       exp_dir=str(exp), metric=metric, mlflow=_mlflow_target(mlflow), env=_env())
     trainable = _trainable(cfg, ctx)
     searcher, param_space = _searcher(cfg, exp, run, metric)
     scheduler, callbacks = None, []
@@ -394,8 +325,8 @@ def run_search(cfg: ExperimentConfig, exp: Path, state: dict, mlflow: dict | Non
 
         callbacks.append(StoppedTrials(ctx))  # the trials ASHA stops get a record too
 
-        scheduler = ASHAScheduler(time_attr="training_iteration", metric=metric, mode=s.mode, grace_period=s.scheduler.grace_period,
-                                  reduction_factor=s.scheduler.reduction_factor,
+        scheduler = ASHAScheduler(time_attr="training_iteration", metric=metric, mode=s.mode,
+                                  grace_period=s.scheduler.grace_period, reduction_factor=s.scheduler.reduction_factor,
                                   max_t=s.scheduler.max_t or 10**6)
     storage = tune_storage(cfg, exp)
     path = f"{storage.rstrip('/')}/search-{run}"
@@ -447,7 +378,7 @@ def tune_storage(cfg: ExperimentConfig, exp: Path) -> str:
 
 
 def _records(exp: Path, phase: str, run: str, folder: str = "runs") -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted((exp / folder).glob(f"{phase}-{run}-*.json"))]
+    return [read_record(p).model_dump(exclude_unset=True) for p in sorted((exp / folder).glob(f"{phase}-{run}-*.json"))]
 
 
 def pick_best(cfg: ExperimentConfig, exp: Path, run: str, mlflow: dict | None, failed: list, say) -> dict:
@@ -476,8 +407,6 @@ def pick_best(cfg: ExperimentConfig, exp: Path, run: str, mlflow: dict | None, f
                               [r["mlflow_run_id"] for r in recs if r.get("mlflow_run_id")], mlflow["parent"])
     # on equal scores a configuration that learned wins over one whose every seed kept the untouched encoder
     table.sort(key=lambda r: (-sign * r["dev_mean"], not r["learned"]))
-    from raysent.tune.stopped import STOPPED_DIR
-
     stopped = [{"trial_id": r["trial_id"], "config_id": r["config_id"], "hp": r["hp"], "seed": r["seed"],
                 "best_dev_spearman": r["best_dev_spearman"], "at_step": r["stopped"]["at_step"]}
                for r in _records(exp, "search", run, STOPPED_DIR)]
@@ -504,15 +433,17 @@ def run_final(cfg: ExperimentConfig, exp: Path, state: dict, best: dict, mlflow:
 
     run = state["run"]
     final_cfg = with_overrides(cfg, best["hp"]) if best["hp"] else cfg
-    ctx = {"config": final_cfg.to_dict(), "source": state.get("source", "<config>"), "phase": "final", "run": run,
-           "exp_dir": str(exp), "metric": tune_metric(cfg), "mlflow": mlflow, "env": _env(), "hp": best["hp"]}
+    ctx = TrialContext(config=final_cfg.to_dict(), source=state.get("source", "<config>"), phase="final", run=run,
+                       exp_dir=str(exp), metric=tune_metric(cfg), mlflow=_mlflow_target(mlflow), env=_env(),
+                       hp=best["hp"])
     trainable = _trainable(cfg, ctx)
     storage, name = tune_storage(cfg, exp), f"final-{run}"
     say(f"final phase: {best['hp'] or 'the configuration as given'} on seeds {cfg.seeds}")
     param_space = {"seed": tune.grid_search(list(cfg.seeds))}
     concurrent = cfg.search.max_concurrent_trials if cfg.search else 1
     if resume and Tuner.can_restore(f"{storage.rstrip('/')}/{name}"):
-        tuner = Tuner.restore(f"{storage.rstrip('/')}/{name}", trainable=trainable, resume_errored=False, param_space=param_space)
+        tuner = Tuner.restore(f"{storage.rstrip('/')}/{name}", trainable=trainable, resume_errored=False,
+                              param_space=param_space)
     else:
         tuner = Tuner(trainable, param_space=param_space,
                       tune_config=TuneConfig(num_samples=1, max_concurrent_trials=concurrent,
@@ -533,7 +464,8 @@ def run_final(cfg: ExperimentConfig, exp: Path, state: dict, best: dict, mlflow:
         scores[k] = {"mean": float(np.mean(vals)), "std": float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0,
                      "n": len(vals)}
     if mlflow:
-        flat = {**{f"{k}_mean": v["mean"] for k, v in scores.items()}, **{f"{k}_std": v["std"] for k, v in scores.items()}}
+        flat = {**{f"{k}_mean": v["mean"] for k, v in scores.items()},
+                **{f"{k}_std": v["std"] for k, v in scores.items()}}
         log_configuration(mlflow["uri"], mlflow["experiment_id"], final_cfg, "final", best["hp"], best["config_id"],
                           flat, [r["mlflow_run_id"] for r in recs if r.get("mlflow_run_id")], mlflow["parent"])
     return {"seeds": [r["seed"] for r in recs], "missing_seeds": sorted(set(cfg.seeds) - {r["seed"] for r in recs}),

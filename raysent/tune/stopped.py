@@ -20,7 +20,15 @@ from pathlib import Path
 
 from ray.tune import Callback
 
-STOPPED_DIR = "stopped"
+from raysent.tune.trial import (
+    RECORD_KEY,
+    TrialContext,
+    build_record,
+    drop_checkpoints,
+    record_path,
+    resolve_trial,
+    save_record,
+)
 
 
 def curve_point(result: dict) -> dict | None:
@@ -35,7 +43,7 @@ def curve_point(result: dict) -> dict | None:
 class StoppedTrials(Callback):
     """Records trials that end without their run record (stopped by the scheduler); see the module."""
 
-    def __init__(self, ctx: dict):
+    def __init__(self, ctx: TrialContext):
         self.ctx = ctx
         self.curves: dict[str, list[dict]] = {}
 
@@ -50,23 +58,19 @@ class StoppedTrials(Callback):
             curve.append(point)
 
     def on_trial_complete(self, iteration, trials, trial, **info):
-        from raysent.tune.search import RECORD_KEY
-
         last = trial.last_result or {}
         if last.get(RECORD_KEY) or not self.curves.get(trial.trial_id):
             return  # ran to its end (run_trial wrote and sent its record), or ended before any evaluation
         try:
             self.record(trial, last)
-        except Exception as exc:  # noqa: BLE001 - the search goes on; Tune's state still has the results
+        except Exception as exc:
             import warnings
 
             warnings.warn(f"could not record stopped trial {trial.trial_id}: {exc}", stacklevel=2)
 
     def record(self, trial, last: dict) -> Path:
-        from raysent.tune.search import _record, _save_record, _trial, drop_checkpoints
-
         ctx = self.ctx
-        hp, seed, cid, cfg = _trial(trial.config, ctx, trial.trial_id)
+        hp, seed, _, cfg = resolve_trial(trial.config, ctx, trial.trial_id)
         curve = self.curves[trial.trial_id]
         best = max(curve, key=lambda p: p["dev_spearman"])
         out = cfg.output_dir()
@@ -76,7 +80,7 @@ class StoppedTrials(Callback):
 
             try:
                 take_best_model_of_run(cfg)
-            except Exception as exc:  # noqa: BLE001 - the record is still written, without a model
+            except Exception as exc:
                 import warnings
 
                 warnings.warn(f"stopped trial {trial.trial_id}: no best model from its checkpoints: {exc}",
@@ -85,15 +89,15 @@ class StoppedTrials(Callback):
                    "best_step": last.get("best_step", best["step"]),
                    "dev_curve": curve, "final_step": last.get("step"), "workers": cfg.resources.workers or 1,
                    "best_model_dir": str(out / "best") if (out / "best").is_dir() else None}
-        rec = _record(ctx, cfg, hp, seed, trial.trial_id, summary)
-        rec["wall_seconds"] = last.get("time_total_s")  # the trial's, until its last report
-        rec["stopped"] = {"by": "scheduler", "at_step": last.get("step"),
-                          "training_iteration": last.get("training_iteration"),
-                          "total_steps": cfg.train.max_steps}
-        rec["finished_at"] = time.time()
-        path = Path(ctx["exp_dir"]) / STOPPED_DIR / f"{ctx['phase']}-{ctx['run']}-{cid}-seed{seed}-{trial.trial_id}.json"
-        _save_record(path, rec, cfg, ctx, status="KILLED", tags={"stopped_by": "scheduler"})
-        if rec["best_model_dir"]:  # its best model is kept: the checkpoints go as a finished trial's do
+        rec = build_record(ctx, cfg, hp, seed, trial.trial_id, summary,
+                           wall_seconds=last.get("time_total_s"),  # the trial's, until its last report
+                           stopped={"by": "scheduler", "at_step": last.get("step"),
+                                    "training_iteration": last.get("training_iteration"),
+                                    "total_steps": cfg.train.max_steps},
+                           finished_at=time.time())
+        path = record_path(ctx, rec, stopped=True)
+        save_record(path, rec, cfg, ctx, status="KILLED", tags={"stopped_by": "scheduler"})
+        if rec.best_model_dir:  # its best model is kept: the checkpoints go as a finished trial's do
             drop_checkpoints(cfg)
         return path
 

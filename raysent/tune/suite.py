@@ -59,7 +59,8 @@ class Estimate(_Strict):
     dev_eval_seconds: float = 3.0
     test_eval_seconds: float = 20.0
     run_overhead_seconds: float = 5.0
-    phase_overhead_seconds: float = Field(15.0, description="starting a search or a final phase (Tune, trial processes)")
+    phase_overhead_seconds: float = Field(15.0,
+                                          description="starting a search or a final phase (Tune, trial processes)")
     train_sizes: dict[str, int] = Field(default_factory=dict, description="training examples of data specs whose "
                                         "size is not known here (for runs given in epochs)")
     reference_batch: int = Field(64, description="the batch size step_seconds were measured at")
@@ -127,7 +128,8 @@ def arm_config(suite: SuiteConfig, entry: SuiteEntry, arm: str, base: Path) -> E
     return cfg
 
 
-def arms(suite: SuiteConfig, base: Path, only: list[str] | None = None) -> list[tuple[SuiteEntry, str, ExperimentConfig]]:
+def arms(suite: SuiteConfig, base: Path,
+         only: list[str] | None = None) -> list[tuple[SuiteEntry, str, ExperimentConfig]]:
     if only:
         unknown = sorted(set(only) - {e.name for e in suite.experiments})
         if unknown:
@@ -230,7 +232,8 @@ def sources(cfg: ExperimentConfig) -> dict[str, str]:
             out[f"data {name}:{split}"] = (f"local: {', '.join(str(f) for f in files)}"
                                            + (" (a local stand-in, not the paper's full set: see `raysent data`)"
                                               if sample else "") if files else
-                                           f"download: Hugging Face hub {hub.repo}{'/' + hub.file if hub and hub.file else ''}"
+                                           f"download: Hugging Face hub {hub.repo}"
+                                           f"{'/' + hub.file if hub and hub.file else ''}"
                                            if hub else "missing: not local and not on the hub")
     return out
 
@@ -250,7 +253,7 @@ def plan(path: str | Path, only: list[str] | None = None) -> dict:
     path = Path(path)
     suite = load_suite(path)
     rows, total, gpu, reads = [], 0.0, 0.0, {}
-    for entry, arm, cfg in arms(suite, path.parent, only):
+    for _entry, arm, cfg in arms(suite, path.parent, only):
         reads.update(sources(cfg))
         e = estimate_seconds(cfg, arm, suite.estimate)
         total += e["seconds"]
@@ -349,7 +352,8 @@ def write_report(suite: SuiteConfig, path: Path, results_dir: Path) -> dict:
     by_name = {}
     for r in runs:
         by_name.setdefault(r.experiment, []).append(r)
-    panels = [(e.label or e.name, {a: by_name[arm_name(suite, e, a)] for a in e.arms if arm_name(suite, e, a) in by_name})
+    panels = [(e.label or e.name,
+               {a: by_name[arm_name(suite, e, a)] for a in e.arms if arm_name(suite, e, a) in by_name})
               for e in suite.experiments if "paper" in e.arms and len(e.arms) > 1]
     if any(p[1] for p in panels):
         plot_arm_curves(panels, out / "plots" / "dev_curves.png",
@@ -408,7 +412,8 @@ def report_only(path: str | Path) -> dict:
 
 def format_comparisons(comparisons: list[dict], task: str = "avg") -> str:
     """One line per entry: paper defaults vs searched on ``task`` (Avg of the 7 STS sets), paired over seeds."""
-    lines = ["| Method | paper defaults | searched | Δ (searched − paper) | n | t-test p | Wilcoxon p | searched best |",
+    lines = ["| Method | paper defaults | searched | Δ (searched − paper) | n | t-test p | Wilcoxon p "
+             "| searched best |",
              "| :--- | ---: | ---: | ---: | ---: | ---: | ---: | :--- |"]
 
     def f(m, s):

@@ -1,0 +1,120 @@
+"""The run record: what one finished (configuration, seed) of a search leaves in
+``results/<experiment>/runs/`` (or ``stopped/`` for a trial the scheduler ended), one schema for the
+writer (``raysent tune``) and every reader (tables, comparisons, plots, the suite).
+
+A record carries ``schema_version``; a file without it, with another version, or with fields this version
+does not know is refused with an error that names the file and the field. Version history:
+
+* 1 — the fields below (2026-11-25). Records written before the version field existed hold exactly these
+  fields: :func:`read_record` names such a file and says to add ``"schema_version": 1``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from raysent.errors import RaysentError
+
+SCHEMA_VERSION: Final = 1
+PHASES = ("final", "search")
+
+
+class CurvePoint(BaseModel):
+    """One evaluation during training: the step and the dev score(s) (``dev/<set>`` for extra dev sets)."""
+
+    model_config = ConfigDict(extra="allow")
+    step: int
+    dev_spearman: float
+
+
+class RunRecord(BaseModel):
+    """One (configuration, seed) of a search or of its final phase."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: Literal[1] = Field(SCHEMA_VERSION, description="the record format (this module's history)")
+    # identity
+    experiment: str
+    phase: Literal["final", "search"]
+    search: str = Field(description="the search's run id (its start time)")
+    config_id: str = Field(description="hash of the searched values")
+    hp: dict[str, Any] = Field(description="the searched values, by their experiment-file path")
+    seed: int
+    trial_id: str | None = None
+    method: str
+    model: str
+    hyperparameters: dict[str, Any] = Field(default_factory=dict,
+                                            description="every hyperparameter under its raysent name")
+    config: dict[str, Any] = Field(description="the resolved experiment")
+    # training
+    transductive: bool | None = None
+    best_dev_spearman: float
+    best_step: int | None = None
+    initial_dev: dict[str, Any] | None = None
+    dev_curve: list[CurvePoint] = Field(default_factory=list)
+    final_step: int | None = None
+    learned: bool | None = Field(None, description="best checkpoint after step 0 (None: a method that does not train)")
+    train_seconds: float | None = None
+    sentences_per_second: float | None = None
+    workers: int | None = None
+    best_model_dir: str | None = None
+    wall_seconds: float | None = None
+    finished_at: float | None = None
+    stopped: dict[str, Any] | None = Field(None, description="by whom and at which step a scheduler ended it")
+    # evaluation (final phase)
+    scores: dict[str, float] = Field(default_factory=dict)
+    eval: dict[str, Any] | None = None
+    # tracking
+    mlflow_run_id: str | None = None
+
+    def to_json(self) -> dict:
+        """The record as plain data for ``json.dump`` (NaN scores stay NaN, as the loop reported them)."""
+        return self.model_dump()
+
+
+def learned(method: str, best_step) -> bool | None:
+    """Whether a run improved on the untouched encoder: its best checkpoint is after step 0 (None for a method
+    that does not train). A run whose best is step 0 reports the input model, not what training made of it."""
+    if method == "baseline" or best_step is None:
+        return None
+    return int(best_step) > 0
+
+
+def validate_record(data: Any, source: str) -> RunRecord:
+    """``data`` as a :class:`RunRecord`, or a :class:`RaysentError` naming ``source`` and what is wrong."""
+    if not isinstance(data, dict):
+        raise RaysentError(f"{source}: not a run record (expected a JSON object, found {type(data).__name__})")
+    if "schema_version" not in data:
+        known = set(RunRecord.model_fields)
+        if {"phase", "config_id", "seed"} <= set(data) and set(data) <= known:
+            raise RaysentError(f"{source}: a run record without 'schema_version' (written before raysent 0.2); its "
+                               f"fields are those of version {SCHEMA_VERSION}: add \"schema_version\": "
+                               f"{SCHEMA_VERSION} to it to read it")
+        raise RaysentError(f"{source}: not a raysent run record (no 'schema_version'; a run record holds "
+                           f"{', '.join(sorted(known))})")
+    if data["schema_version"] != SCHEMA_VERSION:
+        raise RaysentError(f"{source}: run record schema_version {data['schema_version']!r}; this raysent reads "
+                           f"version {SCHEMA_VERSION} (written by another raysent version)")
+    try:
+        return RunRecord.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(f"field '{'.'.join(map(str, e['loc']))}': {e['msg']}" +
+                             (f" (found {e['input']!r})" if e["type"] != "missing" else "")
+                             for e in exc.errors()[:5])
+        raise RaysentError(f"{source}: not a valid run record: {problems}") from None
+
+
+def read_record(path: str | Path) -> RunRecord:
+    """The run record in ``path``, validated."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise RaysentError(f"{path}: run file not found") from None
+    except json.JSONDecodeError as exc:
+        raise RaysentError(f"{path}: not a valid run file (JSON error at line {exc.lineno}: {exc.msg})") from None
+    return validate_record(data, str(path))

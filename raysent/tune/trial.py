@@ -1,0 +1,123 @@
+"""One trial of a search or of its final phase: what it is told (:class:`TrialContext`), the run it
+resolves to, the record it leaves and the checkpoints it drops. Shared by the trial itself
+(:func:`raysent.tune.search.run_trial`) and by the driver, which records the trials a scheduler stops
+(:mod:`raysent.tune.stopped`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from raysent.config import ExperimentConfig, hyperparameters, parse_config, with_overrides
+from raysent.io import write_json_atomic
+from raysent.train.loop import TrainHooks
+from raysent.train.records import RunRecord, learned
+from raysent.tune.space import config_id, decode
+
+RECORD_KEY = "raysent_record"  # the result key a finished trial sends its record in (see run_trial)
+STOPPED_DIR = "stopped"
+
+
+class MlflowTarget(BaseModel):
+    """Where a trial logs its MLflow run: the tracking URI, the experiment and the parent run."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    uri: str
+    experiment_id: str
+    parent: str | None = None
+
+
+class TrialContext(BaseModel):
+    """What every trial of one phase is given (through ``tune.with_parameters``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    config: dict[str, Any]  # the experiment (the final phase's: with the best configuration applied)
+    source: str  # the experiment file, for errors
+    phase: Literal["search", "final"]
+    run: str  # the search's run id
+    exp_dir: str  # results/<experiment>
+    metric: str  # what the trial reports to the searcher
+    mlflow: MlflowTarget | None = None
+    env: dict[str, str] = {}  # RAYSENT_DATA_DIR & co. as the driver resolved them
+    hp: dict[str, Any] = {}  # the final phase's configuration
+
+    @property
+    def experiment(self) -> str:
+        return Path(self.exp_dir).name
+
+
+class TuneHooks(TrainHooks):
+    """The loop in the trial's own process: checkpoints in the run's folder, metrics to Tune."""
+
+    def report(self, metrics: dict, checkpoint_dir) -> None:
+        from ray import tune
+
+        super().report(metrics, checkpoint_dir)
+        tune.report({k: v for k, v in metrics.items() if isinstance(v, (int, float, bool))})
+
+
+def search_seed(cfg: ExperimentConfig, index: int) -> int:
+    """The i-th repeat of a configuration in the search: the i-th of ``seeds`` (then train.seed + i)."""
+    return cfg.seeds[index] if index < len(cfg.seeds) else cfg.train.seed + index
+
+
+def resolve_trial(config: dict, ctx: TrialContext, trial_id: str) -> tuple[dict, int, str, ExperimentConfig]:
+    """(hyperparameters, seed, config_id, resolved config) of one trial of the phase ``ctx`` describes."""
+    base = parse_config(ctx.config, source=ctx.source)
+    if ctx.phase == "search":
+        hp = decode(config, base.search.space)
+        seed = search_seed(base, int(config.get("__trial_index__", config.get("seed_index", 0))))
+    else:
+        hp, seed = dict(ctx.hp), int(config["seed"])
+    out = Path(ctx.exp_dir) / ctx.phase / ctx.run / (trial_id if ctx.phase == "search" else f"seed{seed}")
+    cfg = with_overrides(base, {**hp, "train.seed": seed, "train.output_dir": str(out)})
+    return hp, seed, config_id(hp), cfg
+
+
+def build_record(ctx: TrialContext, cfg: ExperimentConfig, hp: dict, seed: int, trial_id: str, summary: dict,
+                 **more) -> RunRecord:
+    """The run record of one (configuration, seed) from its run summary (``more``: the final phase's scores,
+    the times, ``stopped``)."""
+    return RunRecord(
+        experiment=ctx.experiment, phase=ctx.phase, search=ctx.run, config_id=config_id(hp), hp=hp, seed=seed,
+        trial_id=trial_id, method=cfg.method, model=cfg.model.name, hyperparameters=hyperparameters(cfg),
+        config=cfg.to_dict(), transductive=summary.get("transductive"),
+        best_dev_spearman=summary["best_dev_spearman"], best_step=summary.get("best_step"),
+        initial_dev=summary.get("initial_dev"), dev_curve=summary.get("dev_curve", []),
+        final_step=summary.get("final_step"), learned=learned(cfg.method, summary.get("best_step")),
+        train_seconds=summary.get("train_seconds"), sentences_per_second=summary.get("sentences_per_second"),
+        workers=summary.get("workers"), best_model_dir=summary.get("best_model_dir"), **more)
+
+
+def record_path(ctx: TrialContext, record: RunRecord, stopped: bool = False) -> Path:
+    """``runs/<phase>-<search>-<config>-seed<seed>.json``; a stopped trial's in ``stopped/``, with its trial id."""
+    name = f"{record.phase}-{record.search}-{record.config_id}-seed{record.seed}"
+    if stopped:
+        return Path(ctx.exp_dir) / STOPPED_DIR / f"{name}-{record.trial_id}.json"
+    return Path(ctx.exp_dir) / "runs" / f"{name}.json"
+
+
+def save_record(path: Path, record: RunRecord, cfg: ExperimentConfig, ctx: TrialContext, **mlflow_run) -> dict:
+    """Write the run record (atomic), log its MLflow run (``mlflow_run``: status, tags) and write it again
+    with the run's id: the record is on disk even when MLflow fails. Returns the record as written."""
+    from raysent.tracking import log_training_run
+
+    data = record.to_json()
+    write_json_atomic(path, data)
+    m = ctx.mlflow
+    if m:
+        data["mlflow_run_id"] = log_training_run(m.uri, m.experiment_id, cfg, data, m.parent, **mlflow_run)
+        write_json_atomic(path, data)
+    return data
+
+
+def drop_checkpoints(cfg: ExperimentConfig) -> None:
+    """Delete a finished or stopped trial's training checkpoints unless ``search.keep_checkpoints``: only a
+    resumed run reads them, and Tune runs such a trial no more; a model plus its optimizer state per trial
+    (~1.3 GB for BERT-base) would add up over a search."""
+    if not (cfg.search and cfg.search.keep_checkpoints):
+        from raysent.train.ray_train import delete_checkpoints
+
+        delete_checkpoints(cfg)

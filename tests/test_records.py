@@ -1,0 +1,95 @@
+"""The run record's schema (raysent.train.records): what tune writes is what report reads, and an old,
+foreign or damaged record is refused with an error that names the file and the field."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from raysent.cli import main
+from raysent.errors import RaysentError
+from raysent.report.runs import read_run
+from raysent.train.records import SCHEMA_VERSION, RunRecord, learned, read_record, validate_record
+
+from conftest import REPO
+
+# a record the mini suite wrote (results/ is part of the repository)
+COMMITTED = sorted((REPO / "results" / "mini-supcon-searched" / "runs").glob("final-*.json"))
+
+
+def _committed() -> dict:
+    assert COMMITTED, "results/mini-supcon-searched/runs holds the suite's records"
+    return json.loads(COMMITTED[0].read_text())
+
+
+def test_every_committed_record_reads_as_the_current_schema():
+    paths = sorted(REPO.glob("results/*/runs/*.json")) + sorted(REPO.glob("results/*/stopped/*.json"))
+    assert len(paths) > 100
+    for p in paths:
+        rec = read_record(p)
+        assert rec.schema_version == SCHEMA_VERSION and rec.phase in ("search", "final")
+
+
+def test_a_record_round_trips_unchanged():
+    data = _committed()
+    rec = validate_record(data, "x.json")
+    assert rec.model_dump(exclude_unset=True) == data
+    assert rec.scores["sts/avg"] == data["scores"]["sts/avg"] and rec.dev_curve[0].step == 0
+
+
+def test_nan_scores_stay_nan_when_written():
+    rec = validate_record({**_committed(), "best_dev_spearman": math.nan}, "x.json")
+    assert math.isnan(json.loads(json.dumps(rec.to_json()))["best_dev_spearman"])
+
+
+def _write(tmp_path: Path, data) -> Path:
+    p = tmp_path / "exp" / "runs" / "final-1-abc-seed1.json"
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(data))
+    return p
+
+
+def test_an_old_record_without_a_version_is_named_with_the_fix(tmp_path):
+    data = _committed()
+    del data["schema_version"]
+    p = _write(tmp_path, data)
+    with pytest.raises(RaysentError, match=r"final-1-abc-seed1.json: a run record without 'schema_version'.*"
+                                           r"add \"schema_version\": 1"):
+        read_run(p)
+
+
+def test_a_foreign_or_newer_record_is_refused(tmp_path):
+    with pytest.raises(RaysentError, match="not a raysent run record"):
+        read_record(_write(tmp_path, {"run": 1, "accuracy": 0.5}))
+    with pytest.raises(RaysentError, match="schema_version 2; this raysent reads version 1"):
+        read_record(_write(tmp_path, {**_committed(), "schema_version": 2}))
+    with pytest.raises(RaysentError, match="expected a JSON object, found list"):
+        read_record(_write(tmp_path, [1, 2]))
+
+
+def test_a_damaged_field_is_named(tmp_path):
+    with pytest.raises(RaysentError, match=r"field 'seed': .*integer.*\(found 'one'\)"):
+        read_record(_write(tmp_path, {**_committed(), "seed": "one"}))
+    with pytest.raises(RaysentError, match=r"field 'phase': .*'final' or 'search'"):
+        read_record(_write(tmp_path, {**_committed(), "phase": "test"}))
+    with pytest.raises(RaysentError, match=r"field 'best_dev_spearman': Field required"):
+        read_record(_write(tmp_path, {k: v for k, v in _committed().items() if k != "best_dev_spearman"}))
+    with pytest.raises(RaysentError, match=r"field 'colour': Extra inputs are not permitted"):
+        read_record(_write(tmp_path, {**_committed(), "colour": "blue"}))
+
+
+def test_raysent_table_exits_2_on_a_bad_record(tmp_path, capsys):
+    data = _committed()
+    del data["schema_version"]
+    _write(tmp_path, data)
+    assert main(["table", "exp", "--results-dir", str(tmp_path)]) == 2
+    assert "add \"schema_version\": 1" in capsys.readouterr().err
+
+
+def test_learned_is_step_zero_or_not():
+    assert learned("supcon", 0) is False and learned("supcon", 20) is True
+    assert learned("baseline", 0) is None and learned("supcon", None) is None
+    assert RunRecord.model_fields["schema_version"].default == SCHEMA_VERSION
