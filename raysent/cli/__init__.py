@@ -1,0 +1,69 @@
+"""The ``raysent`` command.
+
+    raysent train FILE.yaml        train one configuration (one worker here, or N with Ray Train)
+    raysent eval --model M         the 7-set STS table of any encoder (or a model raysent trained)
+    raysent eval --model M --layers  the per-layer × pooling STS-B dev grid of an encoder
+    raysent table [EXPERIMENT...]  paper-style mean±std tables (md, tex, csv), --published beside them
+    raysent plot EXPERIMENT        PNG plots: dev curves, score per hyperparameter, Optuna's plots
+    raysent compare RUN_A RUN_B    per-data-set differences with a paired test across seeds
+    raysent methods                every method with its variants and paper defaults
+    raysent data                   the named data sets and where each one is found
+
+Errors a user can cause (a bad config, a malformed file, a missing model) are printed as one
+clear message and exit with status 2; no traceback from inside a library.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from raysent import __version__
+from raysent.cli import bench, compare, data, evaluate, methods, plot, suite, table, train, tune
+from raysent.cli.common import EPILOG
+from raysent.errors import Interrupted, RaysentError
+
+COMMANDS = (train, tune, suite, evaluate, table, plot, compare, methods, bench, data)  # the order of --help
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="raysent",
+        description="Train, tune and compare contrastive sentence-embedding methods "
+        "(SimCSE, SG-OPT, ConSERT, layer-wise attention pooling, SupCon) with Ray and MLflow.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    p.add_argument("--version", action="version", version=f"raysent {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    for command in COMMANDS:
+        command.register(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("raysent").setLevel(logging.DEBUG if args.verbose else logging.INFO)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        return args.func(args)
+    except Interrupted as exc:
+        print(f"raysent: {exc}", file=sys.stderr)
+        return 130
+    except RaysentError as exc:
+        print(f"raysent: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("raysent: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

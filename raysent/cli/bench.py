@@ -1,0 +1,88 @@
+"""`raysent bench`: speed side by side with sentence-transformers."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from raysent.cli.common import EPILOG, split_list
+from raysent.errors import RaysentError
+
+
+def register(sub) -> None:
+    from raysent.bench import METHODS as BENCH_METHODS
+    from raysent.bench import PARTS as BENCH_PARTS
+    from raysent.bench import BenchOptions
+
+    bd = BenchOptions()
+    b = sub.add_parser("bench", help="measure training, evaluation and orchestration speed side by side with "
+                       "sentence-transformers; writes results/bench/<date>.{json,md}",
+                       description="Side-by-side speed measurements on one model, batch size and sequence length: "
+                       "training steps/s and peak memory of every method and of sentence-transformers' "
+                       "MultipleNegativesRankingLoss (training), each speedup on and off (speedups), the 7-set STS "
+                       "evaluation against sentence-transformers' EmbeddingSimilarityEvaluator with equal scores "
+                       "checked (evaluation), the same run bare, on one Ray Train worker and in a Ray Tune trial "
+                       "(overhead), and bf16 throughput and MFU on a GPU (gpu). Each training case runs in a fresh "
+                       "process. Needs sentence-transformers (pip install -e '.[bench]').",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    b.add_argument("--model", default=bd.model, help=f"encoder (default {bd.model})")
+    b.add_argument("--batch-size", type=int, default=bd.batch_size, help=f"training batch (default {bd.batch_size})")
+    b.add_argument("--max-length", type=int, default=bd.max_length,
+                   help=f"training sequence length (default {bd.max_length})")
+    b.add_argument("--steps", type=int, default=bd.steps, help=f"timed steps per case (default {bd.steps})")
+    b.add_argument("--warmup", type=int, default=bd.warmup, help=f"untimed steps first (default {bd.warmup})")
+    b.add_argument("--parts", default=",".join(BENCH_PARTS),
+                   help=f"comma-separated parts to run (default all: {','.join(BENCH_PARTS)})")
+    b.add_argument("--methods", default=",".join(BENCH_METHODS),
+                   help="comma-separated methods of the training part (default: every training method)")
+    b.add_argument("--overhead-steps", type=int, default=bd.overhead_steps,
+                   help=f"steps of the run the overhead part repeats four ways (default {bd.overhead_steps})")
+    b.add_argument("--overhead-trials", type=int, default=bd.overhead_trials,
+                   help="Tune trials of each Tune way, one after another as a search runs them: trials training "
+                        "in their own process reuse the process of the trial before, trials running Ray Train "
+                        f"start their own (default {bd.overhead_trials})")
+    b.add_argument("--eval-repeats", type=int, default=bd.eval_repeats,
+                   help=f"runs of each evaluator, the fastest counts (default {bd.eval_repeats})")
+    b.add_argument("--speedups", default=",".join(bd.speedups),
+                   help="speedups the speedups part turns on and off (default all: " + ",".join(bd.speedups) + ")")
+    b.add_argument("--eval-sets", default=",".join(bd.eval_sets),
+                   help="STS test sets of the evaluation part (default all seven)")
+    b.add_argument("--grad-cache-batch", type=int, default=bd.grad_cache_batch,
+                   help=f"batch of the gradient-caching case (default {bd.grad_cache_batch})")
+    b.add_argument("--grad-cache-rows", type=int, default=None,
+                   help="chunk rows of the gradient-caching case (default: an eighth of its batch)")
+    b.add_argument("--cpus", type=float, default=bd.cpus, help=f"CPUs a Ray trial may use (default {bd.cpus:g})")
+    b.add_argument("--threads", type=int, default=None, help="torch threads of each training case (default torch's)")
+    b.add_argument("--peak-tflops", type=float, default=None,
+                   help="the GPU's dense bf16 peak for MFU (default: looked up by device name)")
+    b.add_argument("--output-dir", default=bd.output_dir,
+                   help=f"where the JSON and markdown go (default {bd.output_dir})")
+    b.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from raysent.bench import BenchOptions, format_markdown, run_bench, write_results
+
+    try:
+        import sentence_transformers  # noqa: F401
+    except ImportError:
+        raise RaysentError("raysent bench compares with sentence-transformers, which is not installed: "
+                           "pip install -e '.[bench]'") from None
+    opts = BenchOptions(model=args.model, batch_size=args.batch_size, max_length=args.max_length, steps=args.steps,
+                        warmup=args.warmup, parts=split_list([args.parts]), methods=split_list([args.methods]),
+                        overhead_steps=args.overhead_steps, overhead_trials=args.overhead_trials,
+                        eval_repeats=args.eval_repeats, cpus=args.cpus,
+                        eval_sets=split_list([args.eval_sets]), speedups=split_list([args.speedups]),
+                        threads=args.threads, output_dir=args.output_dir, peak_tflops=args.peak_tflops,
+                        grad_cache_rows=args.grad_cache_rows, grad_cache_batch=args.grad_cache_batch)
+    result = run_bench(opts, say=lambda m: print(m, file=sys.stderr, flush=True))
+    json_path, md_path = write_results(result, opts.output_dir)
+    print(format_markdown(result))
+    print(f"written: {json_path} and {md_path}")
+    if result.get("interrupted"):
+        return 130
+    if result.get("failed"):
+        print(f"raysent bench: failed: {', '.join(result['failed'])} (the others were measured and written)",
+              file=sys.stderr)
+        return 1
+    return 0

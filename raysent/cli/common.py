@@ -1,0 +1,70 @@
+"""What the commands share: the environment epilog, --set, --format json's stdout, list options."""
+
+from __future__ import annotations
+
+import sys
+
+import yaml
+
+from raysent.errors import RaysentError
+
+EPILOG = """environment:
+  RAYSENT_DATA_DIR   folder with the layout of shared/data, looked at before the Hugging Face hub
+  RAYSENT_MODEL_DIR  folder of save_pretrained model folders, looked at before the hub
+  HF_HUB_OFFLINE=1   never try the hub (fail fast with a message that says where raysent looked)
+"""
+
+
+def parse_set(values: list[str] | None) -> dict:
+    """``--set key=value`` pairs; values are read as YAML (numbers, lists, true/false)."""
+    out = {}
+    for item in values or []:
+        if "=" not in item:
+            raise RaysentError(f"--set {item!r}: expected KEY=VALUE, e.g. --set temperature=0.1")
+        key, _, value = item.partition("=")
+        try:
+            out[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError:
+            out[key.strip()] = value
+    return out
+
+
+def stdout_for(fmt: str):
+    """With --format json, stdout carries the JSON alone: what Ray and Tune print meanwhile (worker
+    logs forwarded to the driver, Tune's status tables) goes to stderr."""
+    import contextlib
+
+    return contextlib.redirect_stdout(sys.stderr) if fmt == "json" else contextlib.nullcontext()
+
+
+def disconnect_ray() -> None:
+    """Leave Ray before the summary is printed: Ray holds back worker log lines that repeat across
+    processes (its log deduplication) and prints what it still holds when the driver disconnects, which
+    would otherwise be at exit, after the summary."""
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+def yaml_dump(obj) -> str:
+    import yaml
+
+    return yaml.safe_dump(obj, sort_keys=False, default_flow_style=None).rstrip()
+
+
+def split_list(values: list[str] | None) -> list[str]:
+    """Values of a repeatable, comma-separated option, in order."""
+    return [v.strip() for item in values or [] for v in item.split(",") if v.strip()]
+
+
+def json_default(o):
+    import numpy as np
+
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if isinstance(o, set):
+        return sorted(o)
+    return str(o)

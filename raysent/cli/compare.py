@@ -1,0 +1,34 @@
+"""`raysent compare A B`: per-data-set differences, paired tests across seeds."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(sub) -> None:
+    cp = sub.add_parser("compare", help="per-data-set differences between runs, paired t-test and Wilcoxon across "
+                        "seeds", description="RUN: an experiment (its final-phase runs), EXPERIMENT:CONFIG_ID, a "
+                        "config_id, or a quoted glob of run files (e.g. 'results/quick/runs/final-*.json'); each "
+                        "must name one configuration per seed. Every RUN after the first is compared with the "
+                        "first, seed by seed: Δ = B − A, scipy.stats.ttest_rel and scipy.stats.wilcoxon (two-sided).",
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    cp.add_argument("runs", nargs="+", metavar="RUN")
+    cp.add_argument("--phase", choices=["final", "search", "any"], default="final",
+                    help="phase of the runs an experiment or config_id names (default final; globs are taken as given)")
+    cp.add_argument("--aggregation", choices=["all", "mean", "wmean"], default="all")
+    cp.add_argument("--correlation", choices=["spearman", "pearson"], default="spearman")
+    cp.add_argument("--alpha", type=float, default=0.05, help="p-values below it are marked * (default 0.05)")
+    cp.add_argument("--results-dir", default="results")
+    cp.add_argument("--format", choices=["text", "json"], default="text")
+    cp.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from raysent.report.compare import compare, format_comparison
+
+    phase = None if args.phase == "any" else args.phase
+    res = compare(args.runs, args.results_dir, phase=phase, aggregation=args.aggregation,
+                  correlation=args.correlation)
+    print(json.dumps(res, indent=2) if args.format == "json" else format_comparison(res, alpha=args.alpha))
+    return 0

@@ -1,0 +1,205 @@
+"""`raysent eval --model M`: STS, SentEval transfer, search, geometry, STS17, the layer grid."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from raysent.cli.common import EPILOG, json_default, split_list
+from raysent.errors import RaysentError
+
+
+def register(sub) -> None:
+    e = sub.add_parser("eval", help="evaluate an encoder: STS, SentEval transfer, search, geometry, STS17",
+                       description="Evaluate an encoder. --tasks sts (default): STS12-16, STS-B and SICK-R (test) "
+                       "or dev sets (--split dev); Spearman x100 of cosine, STS12-16 aggregated as 'all' by default. "
+                       "Other tasks (comma-separated): senteval (MR CR SUBJ MPQA SST2 TREC MRPC, SentEval's "
+                       "protocol: logistic-regression or MLP probe, accuracy x100), search (FAISS, MRR@10, "
+                       "recall@k, ms/query, index MB), geometry (alignment, uniformity, singular values), sts17 "
+                       "(multilingual STS, Pearson x100). Every distinct sentence is embedded once.",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    e.add_argument("--model", required=True, help="hub id, folder, or a name under RAYSENT_MODEL_DIR")
+    e.add_argument("--pooling", help="cls, cls_before_pooler, mean, max, first_last_avg, last2_avg, "
+                   "layer<K>_<cls|mean|max> (default: what the model's raysent.json or "
+                   "sentence-transformers config says)")
+    e.add_argument("--tasks", default="sts", metavar="T1,T2",
+                   help="evaluation tasks, comma-separated, from: sts, senteval, search, geometry, sts17 "
+                   "(default: sts)")
+    e.add_argument("--split", choices=["test", "dev"], default="test",
+                   help="test: the evaluation tasks; dev: model-selection sets (--dev)")
+    e.add_argument("--dev", nargs="+", default=["stsb:dev"], metavar="SPEC", help="dev sets for --split dev")
+    e.add_argument("--tasks-sts", nargs="+", metavar="TASK", help="subset of sts12 sts13 sts14 sts15 sts16 stsb sickr")
+    e.add_argument("--aggregation", choices=["all", "mean", "wmean"], default="all",
+                   help="STS12-16 headline aggregation (all three are in the JSON)")
+    g = e.add_argument_group("senteval")
+    g.add_argument("--senteval-tasks", nargs="+", metavar="TASK",
+                   help="subset of MR CR SUBJ MPQA SST2 TREC MRPC (default: all seven)")
+    g.add_argument("--probe", choices=["logreg", "mlp"], default="logreg",
+                   help="logreg: scikit-learn logistic regression (SentEval's usepytorch=False); mlp: SentEval's "
+                   "PyTorch MLP (default: logreg)")
+    g.add_argument("--nhid", type=int, help="hidden units of the mlp probe (default 50; 0: PyTorch logistic "
+                   "regression, SimCSE's setting)")
+    g.add_argument("--kfold", type=int, default=10, help="folds of the (inner) cross-validation (default 10)")
+    g.add_argument("--mrpc-features", choices=["senteval", "full"], default="senteval",
+                   help="MRPC classifier input: senteval = (|u-v|, u*v) as SentEval; full = (u, v, |u-v|, u*v)")
+    g.add_argument("--n-jobs", type=int, default=1, help="probe fits run in parallel (processes)")
+    g = e.add_argument_group("search and geometry")
+    g.add_argument("--search-data", default="stsb:test", metavar="SPEC",
+                   help="scored pairs whose high-score pairs are (query, relevant doc); e.g. stsb:test (default), "
+                   "stsb:train+dev+test, sickr:test, quora-duplicates (hub), path:FILE")
+    g.add_argument("--search-min-score", type=float,
+                   help="gold score a pair needs to count as relevant (default 4.0; 1.0 for 0/1 labels)")
+    g.add_argument("--geometry-data", default="stsb:test", metavar="SPEC",
+                   help="scored pairs for alignment (pairs >= --geometry-min-score) and uniformity/spectrum "
+                   "(all sentences) (default stsb:test)")
+    g.add_argument("--geometry-min-score", type=float, default=4.0, help="positive pairs for alignment (default 4.0)")
+    g.add_argument("--sts17-tracks", nargs="+", metavar="TRACK",
+                   help="subset of ar-ar ar-en es-es es-en.track4a es-en.track4b en-en (default: all)")
+    g = e.add_argument_group("layers")
+    g.add_argument("--layers", action="store_true",
+                   help="score every layer (0 = embeddings .. L) with each of --layer-poolings on the --dev sets "
+                   "(default stsb:dev): the layer x pooling grid of SG-BERT's Figure 1")
+    g.add_argument("--layer-poolings", nargs="+", default=["cls", "mean", "max"], metavar="P",
+                   help="poolings of the grid, from cls (the layer's raw [CLS]), mean, max (default: all three)")
+    g.add_argument("--plot", metavar="FILE.png", help="with --layers: also write the grid as a PNG heatmap")
+    e.add_argument("--max-samples", type=int, metavar="N",
+                   help="quick check: at most N rows per split / pairs per set for senteval, search, geometry "
+                   "and sts17, and the first N pairs of each --dev set for --layers (noted in the output; not the "
+                   "published protocol)")
+    e.add_argument("--threads", type=int, help="CPU threads for embedding (torch.set_num_threads; default: torch's)")
+    e.add_argument("--max-length", type=int, default=256, help="max tokens per sentence")
+    e.add_argument("--batch-size", type=int, default=128)
+    e.add_argument("--format", choices=["table", "text", "json"], default="table",
+                   help="table/text: printed tables; json: every number")
+    e.set_defaults(func=run)
+
+
+def _default_pooling(encoder) -> str | None:
+    if encoder.meta.pooling:
+        return encoder.meta.pooling
+    st = Path(encoder.source) / "1_Pooling" / "config.json"  # a sentence-transformers model
+    if st.is_file():
+        cfg = json.loads(st.read_text())
+        for key, name in (("pooling_mode_mean_tokens", "mean"), ("pooling_mode_cls_token", "cls_before_pooler"),
+                          ("pooling_mode_max_tokens", "max")):
+            if cfg.get(key):
+                return name
+    return None
+
+
+def run(args) -> int:
+    import time
+
+    started = time.perf_counter()
+    from raysent.eval.suite import check_tasks
+
+    tasks = check_tasks(args.tasks, field="--tasks")  # before importing torch and loading the model
+    if args.layers and (tasks != ["sts"] or args.pooling):
+        raise RaysentError("--layers scores every layer with each of --layer-poolings on the --dev sets; it cannot "
+                           "be combined with --tasks or --pooling")
+    if args.plot and not args.layers:
+        raise RaysentError("--plot writes the --layers grid; add --layers")
+    from raysent.eval.sts import TASK_LABELS, evaluate_dev, evaluate_sts, format_table
+    from raysent.models.embedder import Embedder
+    from raysent.models.encoder import Encoder
+    from raysent.models.pooling import check_pooling, describe_allowed
+
+    if args.threads is not None:
+        if args.threads < 1:
+            raise RaysentError(f"--threads {args.threads}: expected a positive number of CPU threads")
+        import torch
+
+        torch.set_num_threads(args.threads)
+    encoder = Encoder.load(args.model)
+    if args.layers:
+        return _eval_layers(args, encoder)
+    pooling = args.pooling or _default_pooling(encoder)
+    if pooling is None:
+        raise RaysentError(f"--pooling is needed: {args.model} does not say how its sentence vectors are read "
+                           f"(no raysent.json, no sentence-transformers pooling config); allowed: {describe_allowed()}")
+    try:
+        check_pooling(pooling, "--pooling")
+    except ValueError as exc:
+        raise RaysentError(str(exc)) from None
+    encoder.eval()
+
+    def embed(tok):
+        return encoder.embed(tok, pooling)
+
+    embedder = Embedder(embed, encoder.tokenizer, module=encoder, max_length=args.max_length,
+                        batch_size=args.batch_size)
+    progress = None if args.format == "json" else (lambda m: print(m, file=sys.stderr))
+    if args.split == "dev":
+        if tasks != ["sts"]:
+            raise RaysentError(f"--split dev evaluates the model-selection sets (--dev) only; it cannot be combined "
+                               f"with --tasks {','.join(tasks)}")
+        res = evaluate_dev(embedder, args.dev)
+        res = {"model": args.model, "pooling": pooling, "split": "dev", **res}
+        if args.format == "json":
+            print(json.dumps(res, indent=2))
+        else:
+            for k, v in res.items():
+                if k.startswith("dev"):
+                    print(f"{k:24s} {v:.2f}")
+        return 0
+    if tasks == ["sts"]:  # the STS table alone: the output it has always had
+        sts_sets = args.tasks_sts or list(TASK_LABELS)
+        res = evaluate_sts(embedder, tasks=sts_sets, aggregation=args.aggregation, progress=progress)
+        res = {"model": args.model, "pooling": pooling, "split": "test", **res}
+        if args.format == "json":
+            print(json.dumps(res, indent=2))
+        else:
+            print(format_table(res, title=f"{args.model}  pooling={pooling}"))
+        return 0
+    return _eval_suite(args, tasks, embedder, pooling, progress, started)
+
+
+def _eval_layers(args, encoder) -> int:
+    """``--layers``: Spearman of every (layer, pooling) on the --dev sets (raysent.eval.layers)."""
+    from raysent.eval.layers import format_grid, layer_grid
+
+    progress = None if args.format == "json" else (lambda m: print(m, file=sys.stderr))
+    res = layer_grid(encoder, args.dev, poolings=args.layer_poolings, max_pairs=args.max_samples,
+                     max_length=args.max_length, batch_size=args.batch_size, progress=progress)
+    res["model"] = args.model
+    if args.plot:
+        from raysent.report.plots import plot_layer_grid
+
+        res["plot"] = str(plot_layer_grid(res, args.plot))
+    if args.format == "json":
+        print(json.dumps(res, indent=2))
+    else:
+        print(format_grid(res, title=f"{args.model}: Spearman x100 per layer and pooling"))
+        if args.plot:
+            print(f"wrote {res['plot']}", file=sys.stderr)
+    return 0
+
+
+def _eval_suite(args, tasks: list[str], embedder, pooling: str, progress, started: float) -> int:
+    """``--tasks`` with anything besides sts: raysent.eval.suite.evaluate_tasks."""
+    import time
+
+    from raysent.eval.suite import evaluate_tasks, format_tables
+
+    options: dict[str, dict] = {
+        "sts": {"aggregation": args.aggregation, **({"tasks": args.tasks_sts} if args.tasks_sts else {})},
+        "senteval": {"classifier": args.probe, "kfold": args.kfold, "mrpc_features": args.mrpc_features,
+                     "n_jobs": args.n_jobs, **({"nhid": args.nhid} if args.nhid is not None else {}),
+                     **({"tasks": split_list(args.senteval_tasks)} if args.senteval_tasks else {})},
+        "search": {"data": args.search_data, "min_score": args.search_min_score},
+        "geometry": {"data": args.geometry_data, "min_score": args.geometry_min_score},
+        "sts17": {"tracks": split_list(args.sts17_tracks)} if args.sts17_tracks else {},
+    }
+    res = evaluate_tasks(embedder, tasks, max_samples=args.max_samples,
+                         options={t: options[t] for t in tasks}, progress=progress)
+    res["seconds"]["wall_incl_model_load"] = time.perf_counter() - started
+    if args.format == "json":
+        out = {"model": args.model, "pooling": pooling, "split": "test", "tasks": res["tasks"],
+               "metrics": res["metrics"], "details": res["details"], "seconds": res["seconds"],
+               "sentences_embedded": res["sentences_embedded"], "notes": res["notes"]}
+        print(json.dumps(out, indent=2, default=json_default))
+    else:
+        print(format_tables(res, title=f"{args.model}  pooling={pooling}  tasks={','.join(tasks)}"))
+    return 0

@@ -1,0 +1,76 @@
+"""`raysent train FILE.yaml`: one configuration, in this process or on N Ray Train workers."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from raysent.cli.common import EPILOG, disconnect_ray, parse_set, stdout_for
+
+
+def register(sub) -> None:
+    t = sub.add_parser("train", help="train one configuration of an experiment YAML",
+                       description="Train the experiment's configuration once (train.seed). Without "
+                       "resources.workers it runs in this process; with it, through Ray Train on that many "
+                       "workers. The best model (by mean dev Spearman) is saved with save_pretrained in "
+                       "<output_dir>/best, the run summary in <output_dir>/result.json.",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    t.add_argument("config", help="experiment YAML (see search_spaces/)")
+    t.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a hyperparameter (flat name, e.g. temperature=0.1, lr=1e-4, or a dotted "
+                        "path, e.g. data.train=stsb-unlabeled); repeatable")
+    t.add_argument("--output-dir", help="where the run's files go (default results/<name>/train/<method>-seed<seed>)")
+    t.add_argument("--resume", action="store_true", help="continue from the last checkpoint in the output dir")
+    t.add_argument("--print-config", action="store_true", help="print the resolved config (defaults filled) and exit")
+    t.add_argument("--format", choices=["text", "json"], default="text", help="summary format")
+    t.add_argument("--quiet", action="store_true", help="no progress lines")
+    t.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from raysent.config import load_config
+
+    cfg = load_config(args.config, overrides=parse_set(args.set))
+    if args.output_dir:
+        from raysent.config import with_overrides
+
+        cfg = with_overrides(cfg, {"train.output_dir": args.output_dir})
+    if args.print_config:
+        print(cfg.to_yaml())
+        return 0
+    if cfg.resources.workers:
+        from raysent.train.ray_train import train_with_ray
+
+        with stdout_for(args.format):
+            summary = train_with_ray(cfg, resume=args.resume, quiet=args.quiet)
+            disconnect_ray()
+    else:
+        from raysent.train.run import train_in_process
+
+        summary = train_in_process(cfg, resume=args.resume, quiet=args.quiet)
+    _print_train_summary(summary, args.format)
+    return 0
+
+
+def _print_train_summary(summary: dict, fmt: str) -> None:
+    if fmt == "json":
+        print(json.dumps({k: v for k, v in summary.items() if k != "config"}, indent=2, default=str))
+        return
+    init = (summary.get("initial_dev") or {}).get("dev_spearman")
+    lines = [
+        f"method {summary['method']}  seed {summary['seed']}  model {summary['model']}",
+        f"steps {summary['final_step']}/{summary['total_steps']}"
+        + ("  (stopped early)" if summary.get("stopped_early") else "")
+        + f"  in {summary['train_seconds']:.0f} s on {summary['workers']} worker(s)",
+        (f"dev Spearman: untuned {init:.2f} -> best {summary['best_dev_spearman']:.2f} at step "
+         f"{summary['best_step']}" if init is not None
+         else f"best dev Spearman {summary['best_dev_spearman']:.2f} at step {summary['best_step']}"),
+        f"best model: {summary['best_model_dir']}",
+        f"result: {Path(summary['output_dir']) / 'result.json'}",
+    ]
+    if summary.get("transductive"):
+        lines.append("setting: transductive (trained on the unlabelled text of evaluation sets)")
+    for note in summary.get("data", {}).get("notes", []):
+        lines.append(f"note: {note}")
+    print("\n".join(lines))

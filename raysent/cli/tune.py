@@ -1,0 +1,59 @@
+"""`raysent tune FILE.yaml`: the search, then the best configuration on every seed."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from raysent.cli.common import EPILOG, disconnect_ray, parse_set, stdout_for, yaml_dump
+from raysent.errors import RaysentError
+
+
+def register(sub) -> None:
+    tu = sub.add_parser("tune", help="search an experiment's space with Ray Tune + Optuna, then run the best "
+                        "configuration on every seed", description="Search phase: search.num_samples configurations "
+                        "(Optuna TPE by default), each trained search.seeds times through Ray Train (the search sees "
+                        "the mean). Final phase: the best configuration trained on every seed of `seeds` and "
+                        "evaluated on the test sets (eval.tasks). Every run is written to "
+                        "results/<experiment>/runs/*.json and to MLflow (default sqlite:///results/mlflow.db).",
+                        epilog=EPILOG + "  RAY_ADDRESS        Ray cluster to join (like --address)\n"
+                        "  MLFLOW_TRACKING_URI  MLflow store (default sqlite:///results/mlflow.db)\n",
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    tu.add_argument("config", nargs="?", help="experiment YAML with a search part (see search_spaces/)")
+    tu.add_argument("--config", dest="config_opt", metavar="FILE",
+                    help="the experiment YAML (same as the positional argument; e.g. with --final-only best.yaml)")
+    tu.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a fixed value; repeatable")
+    tu.add_argument("--dry-run", action="store_true", help="print the plan (trials, seeds, resources, where results "
+                    "go) and exit without training")
+    tu.add_argument("--resume", action="store_true", help="continue the interrupted search of this experiment "
+                    "(Tuner.restore): finished trials kept, none run twice")
+    tu.add_argument("--final-only", action="store_true", help="skip the search: run the configuration as given "
+                    "(e.g. results/<experiment>/best.yaml) on every seed and evaluate on the test sets")
+    tu.add_argument("--address", help="Ray cluster address: auto, or ray://HOST:10001 (default: RAY_ADDRESS, else "
+                    "a local Ray)")
+    tu.add_argument("--format", choices=["text", "json"], default="text", help="summary format")
+    tu.add_argument("--quiet", action="store_true", help="no progress lines of raysent's own")
+    tu.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from raysent.config import load_config, with_overrides
+
+    path = args.config_opt or args.config
+    if not path:
+        raise RaysentError("raysent tune: give the experiment YAML (raysent tune FILE.yaml, or --config FILE.yaml)")
+    cfg = load_config(path, overrides=parse_set(args.set))
+    if args.address:
+        cfg = with_overrides(cfg, {"resources.address": args.address})
+    from raysent.tune.search import format_summary, plan, tune_experiment
+
+    if args.dry_run:
+        p = plan(cfg, final_only=args.final_only)
+        print(json.dumps(p, indent=2, default=str) if args.format == "json" else yaml_dump(p))
+        return 0
+    with stdout_for(args.format):
+        summary = tune_experiment(cfg, resume=args.resume, final_only=args.final_only, quiet=args.quiet,
+                                  source=str(path))
+        disconnect_ray()
+    print(json.dumps(summary, indent=2, default=str) if args.format == "json" else format_summary(summary))
+    return 0
