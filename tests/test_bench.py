@@ -12,7 +12,7 @@ from raysent.errors import RaysentError
 
 from conftest import PARAPHRASE, RAW_BERT, run_cli
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.shared]
 
 
 def test_bench_training_speedups_and_evaluation_write_json_and_markdown(tmp_path):
@@ -155,12 +155,17 @@ def test_ray_cpu_counts_a_process_started_within_the_window_as_it_counts_itself(
             "print(time.process_time(), flush=True)\ntime.sleep(0.6)")
     with RayCpu(interval=0.1) as cpu:
         idle = subprocess.Popen(["ray::Idle", "-c", "import time; time.sleep(2)"], executable=sys.executable)
-        busy = subprocess.run(["ray::Busy", "-c", code], executable=sys.executable, capture_output=True, text=True)
+        busy = subprocess.Popen(["ray::Busy", "-c", code], executable=sys.executable, stdout=subprocess.PIPE,
+                                text=True)
+        own, _ = busy.communicate()
         idle.wait()
+    # read by pid: other processes of this machine with "ray" in their command line may be busier
+    assert busy.pid not in cpu.start and idle.pid not in cpu.start  # both started within the window
+    name, counted = cpu.last[busy.pid]
+    assert name == "ray::Busy" and counted == pytest.approx(float(own), abs=0.06)
+    assert cpu.last[idle.pid][1] < 0.05 * cpu.wall  # a sleeping process costs next to nothing
     s = cpu.summary()
-    assert s["trainer"] == "ray::Busy"
-    assert s["trainer_percent"] / 100 * cpu.wall == pytest.approx(float(busy.stdout), abs=0.06)
-    assert s["others"].get("ray::Idle", 0.0) < 5.0  # a sleeping process costs next to nothing
+    assert "ray::Busy" in (s["trainer"], *s["others"])
 
 
 def test_bench_options_are_checked():

@@ -21,7 +21,7 @@ import pytest
 
 from conftest import RAW_BERT, run_cli
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.shared]
 
 
 def _free_port() -> int:
@@ -90,8 +90,8 @@ def _stop_cluster(temp: str) -> None:
 def test_tune_by_address_on_a_two_node_cluster(two_node_cluster, tmp_path):
     address, env = two_node_cluster
     nodes = subprocess.run(
-        [sys.executable, "-c", "import ray, json; ray.init(address='%s', log_to_driver=False); "
-         "print(json.dumps([n['Resources'] for n in ray.nodes() if n['Alive']]))" % address],
+        [sys.executable, "-c", f"import ray, json; ray.init(address='{address}', log_to_driver=False); "
+         "print(json.dumps([n['Resources'] for n in ray.nodes() if n['Alive']]))"],
         capture_output=True, text=True, env=env, timeout=120)
     resources = json.loads(nodes.stdout.strip().splitlines()[-1])
     assert len(resources) == 2 and sum(r.get("second_node", 0) for r in resources) == 1

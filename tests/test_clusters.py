@@ -319,10 +319,10 @@ def raycluster_problems(doc: dict, ray_version: str) -> list[str]:
         for key, value in counts.items():
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 problems.append(f"{where}.{key}: must be an integer >= 0, got {value!r}")
-        if all(isinstance(v, int) and not isinstance(v, bool) for v in counts.values()):
-            if not counts["minReplicas"] <= counts["replicas"] <= counts["maxReplicas"]:
-                problems.append(f"{where}: needs minReplicas <= replicas <= maxReplicas, got "
-                                f"{counts['minReplicas']} / {counts['replicas']} / {counts['maxReplicas']}")
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in counts.values()) and not (
+                counts["minReplicas"] <= counts["replicas"] <= counts["maxReplicas"]):
+            problems.append(f"{where}: needs minReplicas <= replicas <= maxReplicas, got "
+                            f"{counts['minReplicas']} / {counts['replicas']} / {counts['maxReplicas']}")
         if "rayStartParams" in group:
             check_start_params(where, group["rayStartParams"])
         for c in containers_of(where, group.get("template")):

@@ -146,6 +146,7 @@ def test_cli_prints_one_clear_line_and_exit_2(tmp_path):
     assert "train.lr" in proc.stderr
 
 
+@pytest.mark.shared
 def test_cli_bad_data_file_no_traceback(tmp_path):
     bad = tmp_path / "bad.tsv"
     bad.write_text("sent0\tsent1\n")

@@ -26,6 +26,8 @@ from raysent.errors import ConfigError, DataError, RaysentError
 
 from conftest import PARAPHRASE, run_cli
 
+pytestmark = pytest.mark.shared  # real data and models from ../shared
+
 DATA = Path(os.environ["RAYSENT_DATA_DIR"])
 
 

@@ -29,6 +29,8 @@ from raysent.train.run import delete_checkpoints, train_in_process
 
 from conftest import RAW_BERT
 
+pytestmark = pytest.mark.shared  # real data and models from ../shared
+
 SNLI = "snli:dev+test"  # the shipped SNLI pairs (the SNLI train split is not local)
 TRIPLETS = "nli-triplets"  # locally: the SNLI dev+test triplets (6,503)
 
@@ -125,7 +127,7 @@ def _config(case_id: str, out: Path):
     return parse_config(raw)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _run_cached(case_id: str, out: str) -> dict:
     cfg = _config(case_id, Path(out))
     summary = train_in_process(cfg, quiet=True)

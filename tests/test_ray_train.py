@@ -9,7 +9,6 @@ import os
 import shutil
 import signal
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from raysent.data.batching import local_part
 
 from conftest import RAW_BERT, json_summary_last, run_cli
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.shared]
 
 # (method, data, params, train): dropout off everywhere so that both sides see the same views; the last
 # case trains through a gradient cache (no DDP: the workers average their gradients themselves), and is
@@ -251,7 +250,7 @@ def test_a_local_ray_started_by_raysent_gets_its_train_settings_and_exported_val
     assert calls == [{"dashboard_host": "127.0.0.1", "log_to_driver": True, "num_cpus": 3}]
     assert os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] == "3"
     assert os.environ["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] == "0"
-    assert os.environ["RAY_worker_niceness"] == "0"
+    assert os.environ["RAY_worker_niceness"] == "0"  # noqa: SIM112 - Ray's own spelling
     # a cluster is joined as it is: no local settings, no local arguments
     monkeypatch.setenv("RAY_ADDRESS", "auto")
     monkeypatch.delenv("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER")

@@ -22,6 +22,8 @@ from raysent.train.run import build_method, prepare_data
 
 from conftest import PARAPHRASE, RAW_BERT
 
+pytestmark = pytest.mark.shared  # real data and models from ../shared
+
 ROWS = 24
 OFF = {"length_buckets": 1, "concat_views": False, "cache_views": False, "grad_cache_rows": None}
 # (method, params, data)
@@ -247,6 +249,7 @@ t = threading.Thread(target=trial); t.start(); t.join()
 gc.collect()
 held = rss()
 from raysent.train.memory import release_freed_memory
+
 ran = release_freed_memory()
 print(json.dumps({"held": held, "after": rss(), "ran": ran}))
 """

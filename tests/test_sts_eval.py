@@ -17,6 +17,8 @@ from raysent.eval.sts import evaluate_dev, evaluate_sts
 
 from conftest import run_cli
 
+pytestmark = pytest.mark.shared  # real data and models from ../shared
+
 DATA = Path(os.environ["RAYSENT_DATA_DIR"])
 
 

@@ -18,6 +18,7 @@ from raysent.tune.suite import format_comparisons, load_suite, plan, run_suite
 from conftest import RAW_BERT, REPO, run_cli
 
 
+@pytest.mark.shared
 def test_mini_suite_plan():
     p = plan(REPO / "benchmarks" / "mini.yaml")
     rows = {r["experiment"]: r for r in p["experiments"]}
@@ -36,6 +37,7 @@ def test_mini_suite_plan():
     assert 0.5 < p["estimated wall hours"] < 3
 
 
+@pytest.mark.shared
 def test_paper_suite_plan_lists_downloads_and_gpu_hours():
     p = plan(REPO / "benchmarks" / "paper.yaml")
     rows = {r["experiment"]: r for r in p["experiments"]}
@@ -119,6 +121,7 @@ experiments:
 
 
 @pytest.mark.slow
+@pytest.mark.shared
 def test_tiny_suite_runs_resumes_and_compares(ray_cluster, tmp_path):
     results = tmp_path / "results"
     path = tmp_path / "tiny.yaml"
@@ -155,7 +158,7 @@ def test_tiny_suite_runs_resumes_and_compares(ray_cluster, tmp_path):
     for arm in ("paper defaults", "searched"):
         line = next(ln for ln in summary if ln.startswith(f"| simcse | {arm} [transductive] | 2 |"))
         learned = [recs["paper" if arm == "paper defaults" else "searched"][s]["learned"] for s in (1, 2)]
-        assert line.endswith("| yes |" if all(learned) else f"at step 0) |")
+        assert line.endswith("| yes |" if all(learned) else "at step 0) |")
     assert (results / "tiny" / "plots" / "dev_curves.png").stat().st_size > 1000
     comp = json.loads((results / "tiny" / "compare.json").read_text())
     assert [c["experiment"] for c in comp] == ["simcse"]

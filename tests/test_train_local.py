@@ -4,7 +4,6 @@ resumes exactly, and is seeded end to end."""
 from __future__ import annotations
 
 import json
-import textwrap
 
 import pytest
 
@@ -12,6 +11,8 @@ from raysent.config import load_config, with_overrides
 from raysent.train.run import train_in_process
 
 from conftest import RAW_BERT, run_cli
+
+pytestmark = pytest.mark.shared  # real data and models from ../shared
 
 CONFIG = f"""\
 name: simcse-raw

@@ -19,7 +19,7 @@ from raysent.config import load_config
 
 from conftest import RAW_BERT, REPO, json_summary_last, run_cli
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.shared]
 
 
 def experiment(tmp_path, name: str, search: str, seeds: str, sts_sets: str = "null", max_steps: int = 4) -> str:

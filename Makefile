@@ -1,0 +1,25 @@
+# Everyday commands. The tests read real data and models from ../shared (see README, "Tests").
+export RAYSENT_DATA_DIR ?= ../shared/data
+export RAYSENT_MODEL_DIR ?= ../shared/models
+export HF_HUB_OFFLINE ?= 1
+export RAY_AUTH_MODE ?= disabled
+
+.PHONY: install check lint typecheck test test-all
+
+install:  ## the package with its test and dev tools (CPU torch first: a bare `torch` pulls a CUDA build)
+	pip install torch==2.13.0
+	pip install -e ".[test,dev]"
+
+check: lint typecheck test  ## what to run before a commit
+
+lint:
+	ruff check raysent tests
+
+typecheck:  ## the torch-only core (pyproject.toml, [tool.mypy])
+	mypy
+
+test:  ## the fast tier: no training runs, no Ray (about a minute)
+	python -m pytest -q -m "not slow" tests
+
+test-all:  ## the whole suite, as CI runs it (.ci/run)
+	python -m pytest -q tests
