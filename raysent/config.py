@@ -133,9 +133,45 @@ class EvalConfig(Strict):
         "all", description="STS12-16 aggregation reported as the headline (all three are recorded)")
     sts_sets: list[str] | None = Field(None, description="the STS sets of the sts task (default: all seven: sts12 "
                                        "sts13 sts14 sts15 sts16 stsb sickr); a subset for quick checks")
-    max_length: int = Field(256, gt=1)
-    batch_size: int = Field(128, gt=0)
+    max_length: int = Field(256, gt=1, description="max tokens per sentence")
+    batch_size: int = Field(128, gt=0, description="sentences per embedding batch")
     pooling: str | None = Field(None, description="override the method's inference pooling")
+    # the senteval task (raysent.eval.senteval)
+    senteval_tasks: list[str] | None = Field(None, description="SentEval transfer tasks: a subset of MR CR SUBJ "
+                                             "MPQA SST2 TREC MRPC (default: all seven)")
+    probe: Literal["logreg", "mlp"] = Field("logreg", description="SentEval classifier: logreg (scikit-learn "
+                                            "logistic regression, SentEval's usepytorch=False) or mlp (SentEval's "
+                                            "PyTorch MLP)")
+    nhid: int | None = Field(None, ge=0, description="hidden units of the mlp probe (null: 50; 0: PyTorch "
+                             "logistic regression, SimCSE's setting)")
+    kfold: int = Field(10, ge=2, description="folds of SentEval's (inner) cross-validation")
+    mrpc_features: Literal["senteval", "full"] = Field("senteval", description="MRPC classifier input: senteval "
+                                                       "= (|u-v|, u*v) as SentEval; full = (u, v, |u-v|, u*v)")
+    # the search and geometry tasks (raysent.eval.retrieval, raysent.eval.geometry)
+    search_data: str = Field("stsb:test", description="scored pairs whose high-score pairs are (query, relevant "
+                             "doc): e.g. stsb:test, stsb:train+dev+test, sickr:test, quora-duplicates (hub), "
+                             "path:FILE")
+    search_min_score: float | None = Field(None, description="gold score a pair needs to count as relevant "
+                                           "(null: 4.0; 1.0 for 0/1 labels)")
+    geometry_data: str = Field("stsb:test", description="scored pairs for alignment (pairs >= geometry_min_score) "
+                               "and uniformity/spectrum (all sentences)")
+    geometry_min_score: float = Field(4.0, description="gold score of the positive pairs for alignment")
+    # the sts17 task (raysent.eval.sts17)
+    sts17_tracks: list[str] | None = Field(None, description="STS17 tracks: a subset of ar-ar ar-en es-es "
+                                           "es-en.track4a es-en.track4b en-en (default: all)")
+
+    def task_options(self, n_jobs: int = 1) -> dict[str, dict]:
+        """The evaluators' keyword arguments for :func:`raysent.eval.suite.evaluate_tasks` (``n_jobs``: probe
+        fits in parallel, a property of the machine, not of the experiment)."""
+        return {
+            "sts": {"aggregation": self.aggregation, **({"tasks": self.sts_sets} if self.sts_sets else {})},
+            "senteval": {"classifier": self.probe, "kfold": self.kfold, "mrpc_features": self.mrpc_features,
+                         "n_jobs": n_jobs, **({"nhid": self.nhid} if self.nhid is not None else {}),
+                         **({"tasks": self.senteval_tasks} if self.senteval_tasks else {})},
+            "search": {"data": self.search_data, "min_score": self.search_min_score},
+            "geometry": {"data": self.geometry_data, "min_score": self.geometry_min_score},
+            "sts17": {"tracks": self.sts17_tracks} if self.sts17_tracks else {},
+        }
 
     @field_validator("sts_sets")
     @classmethod

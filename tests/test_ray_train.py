@@ -210,8 +210,7 @@ def test_a_dying_worker_is_replaced_and_the_run_resumes_exactly(two_worker_run):
 
     # what a search does with a trial the scheduler stopped: its best model out of its newest checkpoint, then
     # (as with every finished trial) the checkpoints deleted; nothing left to take after that
-    from raysent.train.ray_train import take_best_model_of_run
-    from raysent.train.run import delete_checkpoints
+    from raysent.train.ray_train import delete_checkpoints, take_best_model_of_run
 
     shutil.rmtree(tmp / "crash" / "best")
     assert take_best_model_of_run(cfg)

@@ -68,3 +68,29 @@ def json_default(o):
     if isinstance(o, set):
         return sorted(o)
     return str(o)
+
+
+def add_schema_options(parser, model, fields: list[str], metavars: dict[str, str] | None = None) -> None:
+    """``--<field>`` options (``_`` as ``-``) whose type, choices, default and help are those of the fields of
+    the pydantic ``model``: an option that an experiment file can also hold is defined once, in the schema."""
+    import types
+    import typing
+
+    for name in fields:
+        field = model.model_fields[name]
+        annotation = field.annotation
+        if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+            annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
+        default = field.get_default(call_default_factory=True)
+        kwargs: dict = {"dest": name, "default": default, "help": field.description or ""}
+        if typing.get_origin(annotation) is typing.Literal:
+            kwargs["choices"] = list(typing.get_args(annotation))
+        elif typing.get_origin(annotation) is list:
+            kwargs["nargs"] = "+"
+        elif annotation in (int, float):
+            kwargs["type"] = annotation
+        if metavars and name in metavars:
+            kwargs["metavar"] = metavars[name]
+        if default is not None:
+            kwargs["help"] += f" (default {default})"
+        parser.add_argument("--" + name.replace("_", "-"), **kwargs)

@@ -7,8 +7,14 @@ import json
 import sys
 from pathlib import Path
 
-from raysent.cli.common import EPILOG, json_default, split_list
+from raysent.cli.common import EPILOG, add_schema_options, json_default, split_list
+from raysent.config import EvalConfig
 from raysent.errors import RaysentError
+
+# the eval.* fields `raysent eval` takes as options
+EVAL_OPTIONS = ("aggregation", "max_length", "batch_size", "senteval_tasks", "probe", "nhid", "kfold",
+                "mrpc_features", "search_data", "search_min_score", "geometry_data", "geometry_min_score",
+                "sts17_tracks")
 
 
 def register(sub) -> None:
@@ -31,32 +37,16 @@ def register(sub) -> None:
                    help="test: the evaluation tasks; dev: model-selection sets (--dev)")
     e.add_argument("--dev", nargs="+", default=["stsb:dev"], metavar="SPEC", help="dev sets for --split dev")
     e.add_argument("--tasks-sts", nargs="+", metavar="TASK", help="subset of sts12 sts13 sts14 sts15 sts16 stsb sickr")
-    e.add_argument("--aggregation", choices=["all", "mean", "wmean"], default="all",
-                   help="STS12-16 headline aggregation (all three are in the JSON)")
+    # options an experiment file also holds (eval.*): defined once, in raysent.config.EvalConfig
+    add_schema_options(e, EvalConfig, ["aggregation", "max_length", "batch_size"])
     g = e.add_argument_group("senteval")
-    g.add_argument("--senteval-tasks", nargs="+", metavar="TASK",
-                   help="subset of MR CR SUBJ MPQA SST2 TREC MRPC (default: all seven)")
-    g.add_argument("--probe", choices=["logreg", "mlp"], default="logreg",
-                   help="logreg: scikit-learn logistic regression (SentEval's usepytorch=False); mlp: SentEval's "
-                   "PyTorch MLP (default: logreg)")
-    g.add_argument("--nhid", type=int, help="hidden units of the mlp probe (default 50; 0: PyTorch logistic "
-                   "regression, SimCSE's setting)")
-    g.add_argument("--kfold", type=int, default=10, help="folds of the (inner) cross-validation (default 10)")
-    g.add_argument("--mrpc-features", choices=["senteval", "full"], default="senteval",
-                   help="MRPC classifier input: senteval = (|u-v|, u*v) as SentEval; full = (u, v, |u-v|, u*v)")
+    add_schema_options(g, EvalConfig, ["senteval_tasks", "probe", "nhid", "kfold", "mrpc_features"],
+                       metavars={"senteval_tasks": "TASK"})
     g.add_argument("--n-jobs", type=int, default=1, help="probe fits run in parallel (processes)")
     g = e.add_argument_group("search and geometry")
-    g.add_argument("--search-data", default="stsb:test", metavar="SPEC",
-                   help="scored pairs whose high-score pairs are (query, relevant doc); e.g. stsb:test (default), "
-                   "stsb:train+dev+test, sickr:test, quora-duplicates (hub), path:FILE")
-    g.add_argument("--search-min-score", type=float,
-                   help="gold score a pair needs to count as relevant (default 4.0; 1.0 for 0/1 labels)")
-    g.add_argument("--geometry-data", default="stsb:test", metavar="SPEC",
-                   help="scored pairs for alignment (pairs >= --geometry-min-score) and uniformity/spectrum "
-                   "(all sentences) (default stsb:test)")
-    g.add_argument("--geometry-min-score", type=float, default=4.0, help="positive pairs for alignment (default 4.0)")
-    g.add_argument("--sts17-tracks", nargs="+", metavar="TRACK",
-                   help="subset of ar-ar ar-en es-es es-en.track4a es-en.track4b en-en (default: all)")
+    add_schema_options(g, EvalConfig, ["search_data", "search_min_score", "geometry_data", "geometry_min_score",
+                                       "sts17_tracks"], metavars={"search_data": "SPEC", "geometry_data": "SPEC",
+                                                                  "sts17_tracks": "TRACK"})
     g = e.add_argument_group("layers")
     g.add_argument("--layers", action="store_true",
                    help="score every layer (0 = embeddings .. L) with each of --layer-poolings on the --dev sets "
@@ -69,8 +59,6 @@ def register(sub) -> None:
                    "and sts17, and the first N pairs of each --dev set for --layers (noted in the output; not the "
                    "published protocol)")
     e.add_argument("--threads", type=int, help="CPU threads for embedding (torch.set_num_threads; default: torch's)")
-    e.add_argument("--max-length", type=int, default=256, help="max tokens per sentence")
-    e.add_argument("--batch-size", type=int, default=128)
     e.add_argument("--format", choices=["table", "text", "json"], default="table",
                    help="table/text: printed tables; json: every number")
     e.set_defaults(func=run)
@@ -89,6 +77,20 @@ def _default_pooling(encoder) -> str | None:
     return None
 
 
+def _eval_config(args, tasks: list[str]) -> EvalConfig:
+    """The eval.* options given on the command line, checked as an experiment file's are."""
+    from pydantic import ValidationError
+
+    values = {k: getattr(args, k) for k in EVAL_OPTIONS}
+    for k in ("senteval_tasks", "sts17_tracks"):  # repeatable or comma-separated
+        values[k] = split_list(values[k]) or None
+    try:
+        return EvalConfig(tasks=tasks, sts_sets=args.tasks_sts, **values)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise RaysentError(f"--{str(err['loc'][0]).replace('_', '-')} {err.get('input')!r}: {err['msg']}") from None
+
+
 def run(args) -> int:
     import time
 
@@ -96,6 +98,7 @@ def run(args) -> int:
     from raysent.eval.suite import check_tasks
 
     tasks = check_tasks(args.tasks, field="--tasks")  # before importing torch and loading the model
+    args.eval_config = _eval_config(args, tasks)
     if args.layers and (tasks != ["sts"] or args.pooling):
         raise RaysentError("--layers scores every layer with each of --layer-poolings on the --dev sets; it cannot "
                            "be combined with --tasks or --pooling")
@@ -183,15 +186,7 @@ def _eval_suite(args, tasks: list[str], embedder, pooling: str, progress, starte
 
     from raysent.eval.suite import evaluate_tasks, format_tables
 
-    options: dict[str, dict] = {
-        "sts": {"aggregation": args.aggregation, **({"tasks": args.tasks_sts} if args.tasks_sts else {})},
-        "senteval": {"classifier": args.probe, "kfold": args.kfold, "mrpc_features": args.mrpc_features,
-                     "n_jobs": args.n_jobs, **({"nhid": args.nhid} if args.nhid is not None else {}),
-                     **({"tasks": split_list(args.senteval_tasks)} if args.senteval_tasks else {})},
-        "search": {"data": args.search_data, "min_score": args.search_min_score},
-        "geometry": {"data": args.geometry_data, "min_score": args.geometry_min_score},
-        "sts17": {"tracks": split_list(args.sts17_tracks)} if args.sts17_tracks else {},
-    }
+    options = args.eval_config.task_options(n_jobs=args.n_jobs)
     res = evaluate_tasks(embedder, tasks, max_samples=args.max_samples,
                          options={t: options[t] for t in tasks}, progress=progress)
     res["seconds"]["wall_incl_model_load"] = time.perf_counter() - started

@@ -151,8 +151,8 @@ def evaluate_final(cfg: ExperimentConfig, model_dir: str) -> dict:
     encoder = Encoder.load(model_dir)  # the saved best model, with its inference pooling in raysent.json
     encoder.eval()
     res = evaluate_tasks(encoder, e.tasks, pooling=e.pooling or encoder.meta.pooling, max_length=e.max_length,
-                         batch_size=e.batch_size, options={"sts": {"aggregation": e.aggregation,
-                                          **({"tasks": e.sts_sets} if e.sts_sets else {})}})
+                         batch_size=e.batch_size,
+                         options={t: o for t, o in e.task_options().items() if t in e.tasks})
     return {"metrics": {k: float(v) for k, v in res["metrics"].items() if isinstance(v, (int, float))},
             "details": res.get("details", {})}
 
