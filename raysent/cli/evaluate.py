@@ -122,10 +122,7 @@ def run(args) -> int:
     if pooling is None:
         raise RaysentError(f"--pooling is needed: {args.model} does not say how its sentence vectors are read "
                            f"(no raysent.json, no sentence-transformers pooling config); allowed: {describe_allowed()}")
-    try:
-        check_pooling(pooling, "--pooling")
-    except ValueError as exc:
-        raise RaysentError(str(exc)) from None
+    check_pooling(pooling, "--pooling", error=RaysentError)
     encoder.eval()
 
     def embed(tok):

@@ -87,10 +87,7 @@ def make_encode(model: Any, pooling: str | None = None, max_length: int = 256, b
         if pooling is None:
             raise RaysentError(f"a pooling is needed to embed with {model.source} (it has no raysent.json); "
                                f"allowed: {describe_allowed()}")
-        try:
-            check_pooling(pooling, "pooling")
-        except ValueError as exc:
-            raise RaysentError(str(exc)) from None
+        check_pooling(pooling, "pooling", error=RaysentError)
         return Embedder(lambda tok: model.embed(tok, pooling), model.tokenizer, module=model,
                         max_length=max_length, batch_size=batch_size)
     if callable(model):

@@ -43,13 +43,14 @@ def describe_allowed() -> str:
     return ", ".join(BASE_POOLINGS) + ", or layer<K>_<cls|mean|max> (K = 0 for the embeddings .. L)"
 
 
-def check_pooling(value, field: str, also: tuple[str, ...] = ()):
-    """``value`` if it names a pooling (or one of ``also``, or is None), else a ValueError naming ``field`` and
-    what is allowed: the one check every config field and option that takes a pooling goes through."""
+def check_pooling(value, field: str, also: tuple[str, ...] = (), error: type[Exception] = ValueError):
+    """``value`` if it names a pooling (or one of ``also``, or is None), else ``error`` (ValueError for pydantic
+    validators, RaysentError for a command-line option) naming ``field`` and what is allowed: the one check every
+    config field and option that takes a pooling goes through."""
     if value is None or value in also or is_valid_pooling(value):
         return value
     extra = "".join(f", {a}" for a in also)
-    raise ValueError(f"unknown {field} {value!r}; allowed: {describe_allowed()}{extra}")
+    raise error(f"unknown {field} {value!r}; allowed: {describe_allowed()}{extra}")
 
 
 def inference_pooling(name: str) -> str:
