@@ -1,6 +1,6 @@
 """The experiment schema: one YAML file describes one experiment, validated before anything runs.
 
-Parts (../shared/DESIGN.md): ``name``, ``method``, ``model``, ``data``, ``train``, ``params``,
+Parts (docs/reference.md): ``name``, ``method``, ``model``, ``data``, ``train``, ``params``,
 ``search``, ``seeds``, ``resources``, ``tracking``, ``eval``. Only ``name``, ``method`` and
 ``model.name`` are required: everything else has the method's paper default (the paper is named
 in each method's file) or a global default below.

@@ -1,6 +1,6 @@
 """STS evaluation: cosine similarity of two sentence vectors against the gold score.
 
-Protocol (../shared/DESIGN.md, "Evaluation protocol"):
+Protocol (docs/evaluation.md):
 
 * STS12-16, STS-B (test), SICK-R (test); Spearman's ρ ×100 of cosine similarity vs gold (Pearson's r
   recorded beside it).

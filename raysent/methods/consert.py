@@ -1,5 +1,5 @@
 """ConSERT (Yan, Li, Wang, Zhang, Wu, Xu 2021. ConSERT: A Contrastive Framework for Self-Supervised
-Sentence Representation Transfer; ../shared/papers/003_*.txt, §3; code yym6472/ConSERT).
+Sentence Representation Transfer; arXiv:2105.11741, §3; code yym6472/ConSERT).
 
 Two views of each sentence are made at the token-embedding layer (raysent.methods.consert_views: ``none``,
 ``shuffle``, ``token_cutoff``, ``feature_cutoff``, ``dropout``, and ``adversarial`` with

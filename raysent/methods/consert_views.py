@@ -1,4 +1,4 @@
-"""ConSERT's views (Yan et al. 2021. ConSERT; ../shared/papers/003_*.txt, §3.2, Figure 3).
+"""ConSERT's views (Yan et al. 2021. ConSERT; arXiv:2105.11741, §3.2, Figure 3).
 
 Views are made at the token-embedding layer: on the output of the encoder's embedding module
 (word + position + type embeddings after LayerNorm), as the official code (yym6472/ConSERT,

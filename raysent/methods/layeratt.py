@@ -1,5 +1,5 @@
 """Contrastive learning with layer-wise attention pooling (Oh, Kim, Lee, Huang, Lim 2022. Don't Judge
-a Language Model by Its Last Layer; ../shared/papers/002_*.txt, §2; code nlpods/LayerAttPooler).
+a Language Model by Its Last Layer; arXiv:2209.05972, §2; code nlpods/LayerAttPooler).
 
 The sentence vector h is read off *every* layer by the attention pooler of Eq. 1-5
 (raysent.models.heads.LayerAttentionPooler: per-layer [CLS] as queries, per-layer means as keys

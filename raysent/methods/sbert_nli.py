@@ -1,5 +1,5 @@
 """SBERT on NLI: the cross-entropy baseline (Reimers & Gurevych 2019, Sentence-BERT, §3; the "SBERT
-baseline" of Liao 2021, ../shared/papers/004_*.txt, Eq. 1; the first stage of ConSERT's
+baseline" of Liao 2021, arXiv:2106.04791, Eq. 1; the first stage of ConSERT's
 sup-unsup, Yan et al. 2021 §3.3).
 
 Premise and hypothesis are encoded separately by the shared encoder and mean-pooled (u, v); a

@@ -1,5 +1,5 @@
 """Self-guided contrastive learning, SG and SG-OPT (Kim, Yoo, Lee 2021. Self-Guided Contrastive
-Learning for BERT Sentence Representations; ../shared/papers/000_*.txt, §3; code galsang/SG-BERT).
+Learning for BERT Sentence Representations; arXiv:2106.07345, §3; code galsang/SG-BERT).
 
 BERT is cloned into BERT_F (fixed: it only provides views) and BERT_T (tuned). For a batch of b
 sentences, BERT_F gives the hidden states of every layer k = 0..l (0: the embedding layer), and a

@@ -1,5 +1,5 @@
 """Supervised SimCSE (Gao, Yao, Chen 2021. SimCSE: Simple Contrastive Learning of Sentence
-Embeddings; ../shared/papers/001_*.txt, §4 and §6.3, and princeton-nlp/SimCSE ``cl_forward``).
+Embeddings; arXiv:2104.08821, §4 and §6.3, and princeton-nlp/SimCSE ``cl_forward``).
 
 Training examples are NLI triplets (x_i, x_i^+, x_i^-): a premise, its entailment and its
 contradiction. The three are encoded in one forward pass (h_i, h_i^+, h_i^-). Every anchor sees

@@ -1,5 +1,5 @@
 """Unsupervised SimCSE (Gao, Yao, Chen 2021. SimCSE: Simple Contrastive Learning of Sentence
-Embeddings; ../shared/papers/001_*.txt, §3, and the official code princeton-nlp/SimCSE).
+Embeddings; arXiv:2104.08821, §3, and the official code princeton-nlp/SimCSE).
 
 Each sentence x_i is encoded twice with independent dropout masks z, z' (one concatenated forward
 pass of 2N rows), giving h_i^z and h_i^{z'}. With in-batch negatives and temperature τ the loss is

@@ -1,5 +1,5 @@
 """Supervised contrastive learning with SBERT (Liao 2021. Sentence Embeddings using Supervised
-Contrastive Learning; ../shared/papers/004_*.txt, §3; code Danqi7/584-final).
+Contrastive Learning; arXiv:2106.04791, §3; code Danqi7/584-final).
 
 The SBERT network (mean pooling, a softmax classifier over (u, v, |u−v|)) is trained on NLI pairs
 with a mix of cross-entropy and a supervised contrastive loss (Eq. 3):

@@ -62,7 +62,7 @@ class PairClassifier(nn.Module):
 
 class LayerAttentionPooler(nn.Module):
     """Layer-wise attention pooling (Oh et al. 2022. Don't Judge a Language Model by Its Last Layer,
-    ../shared/papers/002_*.txt, §2.1, Eq. 1-5).
+    arXiv:2209.05972, §2.1, Eq. 1-5).
 
     For each layer i of the N hidden states (the embedding layer included, as the official code
     nlpods/LayerAttPooler does), h^c_i is its [CLS] vector and h^a_i the mean of its tokens:

@@ -2,24 +2,17 @@
 and the memory a finished run freed handed back before the next run in the same process
 (:func:`release_freed_memory`, for reused Tune trial processes).
 
-Every step allocates the same large tensors again: the word-embedding table's gradient (30,522 × 384
-floats, 47 MB for MiniLM), hidden states, FFN activations. glibc serves allocations above its mmap
-threshold with fresh ``mmap`` pages and unmaps them when they are freed, so every step the kernel
-faults in and zeroes each 4 KiB page again: 11,446 page faults for that gradient alone, 9-13 % of a
-simcse-unsup step in a profile on one machine (``aten::fill_`` on fresh pages), within the noise on
-another. PyTorch's CPU allocator can ask the
-kernel for transparent huge pages for tensors of 2 MB and more (its ``THP_MEM_ALLOC_ENABLE``
-environment variable, c10/core/alloc_cpu.cpp): the same tensor then faults in 2 MB at a time
-(716 faults; allocating and zeroing it took 4.2 ms instead of 11.0 ms here). The numbers computed do
-not change, nor does the memory the process holds.
+Every step allocates the same large tensors again (the word-embedding gradient, hidden states, FFN
+activations). glibc serves allocations above its mmap threshold with fresh ``mmap`` pages and unmaps them
+when they are freed, so every step the kernel faults in and zeroes each 4 KiB page again. PyTorch's CPU
+allocator can ask the kernel for transparent huge pages for tensors of 2 MB and more (its
+``THP_MEM_ALLOC_ENABLE`` environment variable, c10/core/alloc_cpu.cpp): they then fault in 2 MB at a time.
+The numbers computed do not change, nor does the memory the process holds. Measurements, and why freed
+blocks are not kept in glibc's heap instead (``mallopt``): docs/performance.md, ``huge_pages``.
 
 PyTorch reads the variable once, at its first large allocation, so it must be set before the model
 loads: :func:`raysent.train.run.build_method` calls :func:`use_huge_pages` first. The kernel must allow
 huge pages on request (``/sys/kernel/mm/transparent_hugepage/enabled``: ``madvise`` or ``always``).
-
-Not done, measured: keeping freed blocks in glibc's heap instead (``mallopt`` M_MMAP_MAX=0): with
-glibc 2.36 PyTorch's aligned allocations (``posix_memalign``) do not fit back into a freed block of
-their own size, so the heap grew by the tensor's size at every step.
 """
 
 from __future__ import annotations
@@ -99,10 +92,8 @@ def release_freed_memory() -> bool:
 
     For a process that runs one training after another (a Tune trial process reused by the next trial):
     each trial trains in a new thread, which glibc may serve from another malloc arena, and the free space
-    the last run left in its arena is not handed back by itself. Measured (six 10-step simcse-unsup trials
-    in one reused trial process, paraphrase-MiniLM-L3-v2): RSS at a trial's start 431 → 1183 → 1451 →
-    1804 → 2093 → 1909 MB without this, 431 → 613-645 MB with it. Returns whether malloc_trim ran (False off
-    glibc)."""
+    the last run left in its arena is not handed back by itself (measured: docs/performance.md,
+    "Reused trial processes"). Returns whether malloc_trim ran (False off glibc)."""
     import ctypes
     import gc
 

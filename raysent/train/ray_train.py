@@ -257,18 +257,12 @@ def _train_worker(config: dict) -> None:
 
 # --------------------------------------------------------------------------- driver side
 # Settings of a Ray that raysent starts on this machine, set in the environment its processes inherit (a value the
-# user exported wins):
-# * RAY_worker_niceness=0: Ray starts its worker processes at nice 15 (Ray's `worker_niceness`) so that its own
-#   daemons come first; the training loop runs in a worker (Ray Train's, or the Tune trial's), so on a machine
-#   whose cores all train, every wake-up of the raylet, GCS, dashboard or an actor preempted one of the two torch
-#   threads and stalled the other at the next barrier. Measured on 2 cores, 120 simcse-unsup steps: the loop in a
-#   Ray task 80.3 s at nice 15 and 75.4 s at nice 0 (71.9 s outside Ray); a Tune trial training in its own process
-#   88.8-91.6 s → 82.2-83.0 s. A worker cannot lower its own niceness (that needs CAP_SYS_NICE), so it is set
-#   before the raylet starts.
-# * the controller polls its workers every 0.5 s instead of Ray's 2 s, so it notices a finished (or failed) worker
-#   sooner (about 2.5 s less per run, measured on 30-step runs);
-# * no spot-preemption watcher actor (a local machine is not preempted; on 2 cores every idle Ray process takes
-#   ~0.7 % of the CPU from the training worker).
+# user exported wins; a cluster you join keeps its own). Measurements: docs/performance.md, "Measured", Ray.
+# * RAY_worker_niceness=0: the training loop runs in a Ray worker, which Ray starts at nice 15, so every wake-up
+#   of Ray's daemons preempted one torch thread and stalled the other. A worker cannot renice itself (that needs
+#   CAP_SYS_NICE), so it is set before the raylet starts.
+# * Train's controller polls its workers every 0.5 s instead of 2 s: a finished or failed worker is noticed sooner.
+# * no spot-preemption watcher actor: a local machine is not preempted, and every idle Ray process takes CPU.
 LOCAL_RAY_ENV = {"RAY_worker_niceness": "0", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",
                  "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
 

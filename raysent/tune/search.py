@@ -212,12 +212,11 @@ def _trainable(cfg: ExperimentConfig, ctx: TrialContext):
 def reuse_trial_processes(cfg: ExperimentConfig) -> bool:
     """Whether a trial runs in the process of the trial before it (Tune's ``reuse_actors``, off by default).
 
-    On for trials that train in their own process (``resources.workers: null``): a new trial process costs
-    its start, the imports of torch and transformers and the first model load again (measured on 2 cores,
-    30-step trials: 2.9 s from one trial's end to the next one's start and ~3 s more before its first step;
-    with reuse 0.02 s and none). Off for trials that run Ray Train: ASHA stops such a trial inside
-    ``TorchTrainer.fit()``, which does not return within Tune's 2 s reset timeout, and Tune then fails the
-    next trial ("Could not re-use actor"), as seen with Ray 2.60; their trial process is light anyway."""
+    On for trials that train in their own process (``resources.workers: null``): a new trial process pays
+    its start, the imports and the first model load again (docs/performance.md, "Measured", Ray). Off for
+    trials that run Ray Train: ASHA stops such a trial inside ``TorchTrainer.fit()``, which does not return
+    within Tune's 2 s reset timeout, and Tune then fails the next trial ("Could not re-use actor", Ray 2.60);
+    their trial process is light anyway."""
     return cfg.resources.workers is None
 
 
