@@ -88,7 +88,7 @@ class TrainConfig(Strict):
                                    "the global batch as negatives (false: local negatives only)")
     bucket_by_length: bool = Field(False, description="group sentences of similar length into the same batches "
                                    "(changes which sentences are each other's negatives, so off by default)")
-    # speedups that keep the loss and gradients of a step (raysent.models.chunked, tests/test_speedups.py)
+    # speedups that keep the loss and gradients of a step (raysent.models.chunked, tests/train/test_speedups.py)
     length_buckets: int = Field(4, ge=1, description="run each batch through the encoder in up to N length "
                                 "buckets, each padded to its own longest row (same loss and gradients, less "
                                 "padding; 1: off)")
@@ -257,6 +257,8 @@ class SearchConfig(Strict):
                        "sees their mean")
     scheduler: SchedulerConfig | None = None
     max_concurrent_trials: int = Field(1, gt=0)
+    fail_fast: int = Field(3, ge=0, description="stop the search when its first N trials to end all failed "
+                           "with the same error type, and report that error once (0: never)")
     keep_checkpoints: bool = Field(False, description="keep each finished trial's training checkpoints (model "
                                    "and optimizer state, read only to resume that trial); by default they are "
                                    "deleted once its run record and best model are saved")

@@ -5,8 +5,9 @@ The store defaults to sqlite under the results folder (``sqlite:///results/mlflo
 own default kind; its plain file store is deprecated), or ``tracking.mlflow_uri``, or
 ``MLFLOW_TRACKING_URI``. The database and the experiment are created by the driver before any
 trial starts (two trials creating a new sqlite store at once race in its migrations). Runs are
-written through ``MlflowClient`` (no global "active run" state shared between trials), and only at
-the end of a run, so a tracking server that is down never stops training: the run's JSON under
+written through ``MlflowClient`` (no global "active run" state shared between trials). A seed's run is
+live (:class:`LiveRun`): opened when its trial starts, its evaluations logged as they happen, ended
+FINISHED, FAILED or KILLED. A tracking server that is down never stops training: the run's JSON under
 results/ is written first and MLflow errors are reported as warnings.
 
 URIs are printed with any password removed.
@@ -17,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -60,7 +62,11 @@ def ensure_experiment(cfg: ExperimentConfig) -> str | None:
     exp = c.get_experiment_by_name(experiment_name(cfg))
     if exp is not None:
         return exp.experiment_id
-    return c.create_experiment(experiment_name(cfg))
+    # a local store keeps its artifacts beside it under results/, not in ./mlruns of whatever folder the
+    # command ran in; a tracking server decides for itself
+    local = uri.startswith("sqlite:///") or uri.startswith("file:") or "://" not in uri
+    artifacts = (Path(cfg.tracking.results_dir).resolve() / "mlartifacts").as_uri() if local else None
+    return c.create_experiment(experiment_name(cfg), artifact_location=artifacts)
 
 
 def _tags(cfg: ExperimentConfig, phase: str, extra: dict | None = None) -> dict:
@@ -79,6 +85,32 @@ def end_run(uri: str, run_id: str, status: str = "FINISHED") -> None:
     client(uri).set_terminated(run_id, status=status)
 
 
+def reopen_run(uri: str, run_id: str) -> None:
+    """A resumed search's run is RUNNING again (it ended KILLED when the search was interrupted)."""
+    try:
+        client(uri).update_run(run_id, status="RUNNING")
+    except Exception as exc:
+        warnings.warn(f"MLflow ({redact(uri)}): could not reopen run {run_id}: {exc}", stacklevel=2)
+
+
+def end_runs_of(uri: str, experiment_id: str, parent: str, status: str) -> None:
+    """End ``parent`` with ``status`` (FINISHED, FAILED, KILLED), and every run below it still RUNNING (a
+    trial ended with its search) with the same status, FINISHED excepted: an open run of a finished search
+    did not finish."""
+    try:
+        c = client(uri)
+        todo, below = [parent], []
+        while todo:
+            runs = c.search_runs([experiment_id], f"tags.`{PARENT_TAG}` = '{todo.pop()}'", max_results=5000)
+            below += [r for r in runs if r.info.status == "RUNNING"]
+            todo += [r.info.run_id for r in runs]
+        for r in below:
+            c.set_terminated(r.info.run_id, status="KILLED" if status == "FINISHED" else status)
+        c.set_terminated(parent, status=status)
+    except Exception as exc:
+        warnings.warn(f"MLflow ({redact(uri)}): could not end run {parent} as {status}: {exc}", stacklevel=2)
+
+
 def _params(values: dict) -> list:
     from mlflow.entities import Param
 
@@ -88,40 +120,124 @@ def _params(values: dict) -> list:
     return [Param(k, text(v)) for k, v in sorted(values.items())]
 
 
+def run_tags(cfg: ExperimentConfig, record: dict, extra: dict | None = None) -> dict:
+    """The tags of one seed's run: what it is (method, model, phase, seed, configuration, trial) and what
+    came of it (``learned``, ``diverged``, ``transductive``: true, false or unknown)."""
+
+    def flag(v) -> str:
+        return "unknown" if v is None else str(bool(v)).lower()
+
+    return _tags(cfg, record["phase"], {"seed": record["seed"], "config_id": record["config_id"],
+                                        "trial_id": record.get("trial_id") or "",
+                                        "transductive": flag(record.get("transductive")),
+                                        **({"learned": flag(record["learned"])} if "learned" in record else {}),
+                                        **({"diverged": flag(record["diverged"])} if "diverged" in record else {}),
+                                        **(extra or {})})
+
+
+def run_name(record: dict) -> str:
+    """What differs, readable: ``lr=1e-05 temperature=0.05 · seed 1`` (the configuration's hash is a tag)."""
+    hp = " ".join(f"{k.split('.')[-1]}={_short(v)}" for k, v in sorted(record.get("hp", {}).items()))
+    return f"{record['phase']}: {hp or 'defaults'} · seed {record['seed']}"
+
+
+def _short(v: Any) -> str:
+    return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+
+class LiveRun:
+    """One seed's MLflow run, open while it trains: params and tags when it starts, the dev scores and the
+    training loss at every evaluation as they happen, the test scores, config and record when it ends, and
+    FINISHED, FAILED or KILLED as its status. MLflow errors become warnings: training never waits on them."""
+
+    def __init__(self, uri: str, run_id: str | None):
+        self.uri, self.run_id = uri, run_id
+
+    @classmethod
+    def open(cls, uri: str, experiment_id: str, cfg: ExperimentConfig, record: dict, parent: str | None,
+             id_file: Path | None = None) -> LiveRun:
+        """Start the run of ``record`` (its identity: phase, hp, seed, config_id, trial_id), or continue the
+        one whose id ``id_file`` holds (a trial resumed from its checkpoint logs into the same run)."""
+        try:
+            c = client(uri)
+            run_id = id_file.read_text().strip() if id_file is not None and id_file.is_file() else None
+            if run_id:
+                c.update_run(run_id, status="RUNNING")
+                return cls(uri, run_id)
+            run_id = start_run(uri, experiment_id, run_name(record), run_tags(cfg, record), parent)
+            c.log_batch(run_id, params=_params({**hyperparameters(cfg), "seed": record["seed"]}))
+            if id_file is not None:
+                id_file.parent.mkdir(parents=True, exist_ok=True)
+                id_file.write_text(run_id)
+            return cls(uri, run_id)
+        except Exception as exc:
+            warnings.warn(f"MLflow ({redact(uri)}) did not open the run: {exc}; its JSON is in results/",
+                          stacklevel=2)
+            return cls(uri, None)
+
+    def log(self, metrics: dict, step: int) -> None:
+        """One evaluation's numbers (``dev_spearman``, ``dev/<set>``, ``loss``, ...) at its step (not the
+        end-of-run report, which repeats the last evaluation)."""
+        if self.run_id is None or metrics.get("finished"):
+            return
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        batch = [Metric(_key(k), float(v), now, int(step)) for k, v in metrics.items()
+                 if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)]
+        try:
+            client(self.uri).log_batch(self.run_id, metrics=batch)
+        except Exception as exc:
+            warnings.warn(f"MLflow ({redact(self.uri)}): metrics at step {step} not logged: {exc}", stacklevel=2)
+
+    def finish(self, cfg: ExperimentConfig, record: dict, status: str = "FINISHED", tags: dict | None = None,
+               curve: bool = False) -> str | None:
+        """End the run with the record: its scores and summary numbers, its outcome tags, config.yaml and the
+        record as result.json (``curve``: also log the dev curve, for a run that was not live)."""
+        if self.run_id is None:
+            return None
+        from mlflow.entities import Metric, RunTag
+
+        try:
+            c = client(self.uri)
+            now = int(record.get("finished_at", time.time()) * 1000)
+            metrics = []
+            if curve:
+                for point in record.get("dev_curve", []):
+                    metrics += [Metric(_key(k), float(v), now, int(point["step"])) for k, v in point.items()
+                                if k != "step" and isinstance(v, (int, float))]
+            metrics += [Metric(_key(k), float(v), now, 0) for k, v in record.get("scores", {}).items()]
+            metrics += [Metric(k, float(record[k]), now, 0) for k in ("best_dev_spearman", "train_seconds",
+                                                                      "sentences_per_second")
+                        if isinstance(record.get(k), (int, float))]
+            c.log_batch(self.run_id, metrics=metrics,
+                        tags=[RunTag(k, v) for k, v in run_tags(cfg, record, tags).items()])
+            c.log_text(self.run_id, cfg.to_yaml(), "config.yaml")
+            c.log_dict(self.run_id, record, "result.json")
+            c.set_terminated(self.run_id, status=status)
+            return self.run_id
+        except Exception as exc:
+            warnings.warn(f"MLflow ({redact(self.uri)}) did not record the run's end: {exc}; its JSON is in "
+                          "results/", stacklevel=2)
+            return self.run_id
+
+    def fail(self, reason: str, status: str = "FAILED") -> None:
+        """End the run as FAILED (or KILLED), with the reason as its ``error`` tag; its curve so far stays."""
+        if self.run_id is None:
+            return
+        try:
+            c = client(self.uri)
+            c.set_tag(self.run_id, "error", reason[:5000])
+            c.set_terminated(self.run_id, status=status)
+        except Exception as exc:
+            warnings.warn(f"MLflow ({redact(self.uri)}): could not end run {self.run_id}: {exc}", stacklevel=2)
+
+
 def log_training_run(uri: str, experiment_id: str, cfg: ExperimentConfig, record: dict,
                      parent: str | None, status: str = "FINISHED", tags: dict | None = None) -> str | None:
-    """One seed's run: params, the dev curve per evaluation step, test scores, config and result
-    (``status`` ``KILLED`` and ``tags`` for a trial the scheduler stopped)."""
-    from mlflow.entities import Metric
-
-    try:
-        c = client(uri)
-        transductive = record.get("transductive")
-        run_id = start_run(uri, experiment_id, f"{record['phase']}-{record['config_id']}-seed{record['seed']}",
-                           _tags(cfg, record["phase"], {"seed": record["seed"], "config_id": record["config_id"],
-                                                        "trial_id": record.get("trial_id", ""),
-                                                        "transductive": "unknown" if transductive is None
-                                                        else str(bool(transductive)).lower(), **(tags or {})}),
-                           parent)
-        now = int(record.get("finished_at", 0) * 1000)
-        metrics = []
-        for point in record.get("dev_curve", []):
-            for k, v in point.items():
-                if k != "step" and isinstance(v, (int, float)):
-                    metrics.append(Metric(_key(k), float(v), now, int(point["step"])))
-        for k, v in record.get("scores", {}).items():
-            metrics.append(Metric(_key(k), float(v), now, 0))
-        for k in ("best_dev_spearman", "train_seconds", "sentences_per_second"):
-            if isinstance(record.get(k), (int, float)):
-                metrics.append(Metric(k, float(record[k]), now, 0))
-        c.log_batch(run_id, metrics=metrics, params=_params({**hyperparameters(cfg), "seed": record["seed"]}))
-        c.log_text(run_id, cfg.to_yaml(), "config.yaml")
-        c.log_dict(run_id, record, "result.json")
-        c.set_terminated(run_id, status=status)
-        return run_id
-    except Exception as exc:
-        warnings.warn(f"MLflow ({redact(uri)}) did not record the run: {exc}; its JSON is in results/", stacklevel=2)
-        return None
+    """One seed's run written at once, after it ended (a stopped trial whose live run is not known here):
+    params, the dev curve per evaluation step, test scores, config and result."""
+    return LiveRun.open(uri, experiment_id, cfg, record, parent).finish(cfg, record, status, tags, curve=True)
 
 
 def _key(name: str) -> str:
@@ -129,15 +245,17 @@ def _key(name: str) -> str:
 
 
 def log_configuration(uri: str, experiment_id: str, cfg: ExperimentConfig, phase: str, hp: dict, cid: str,
-                      scores: dict, seed_runs: list[str], parent: str | None) -> str | None:
-    """The child run of one configuration: its params, its mean scores; its seeds' runs below it."""
+                      scores: dict, seed_runs: list[str], parent: str | None, seeds: list[int]) -> str | None:
+    """The child run of one configuration: its params (``seeds``, the seeds its scores average, in place of
+    one seed), its mean scores; its seeds' runs below it."""
     from mlflow.entities import Metric
 
     try:
         c = client(uri)
         run_id = start_run(uri, experiment_id, f"{phase}-{cid}", _tags(cfg, phase, {"config_id": cid}), parent)
         c.log_batch(run_id, metrics=[Metric(_key(k), float(v), 0, 0) for k, v in scores.items()],
-                    params=_params({**hyperparameters(cfg), **{f"searched.{k}": v for k, v in hp.items()}}))
+                    params=_params({**{k: v for k, v in hyperparameters(cfg).items() if k != "seed"},
+                                    "seeds": sorted(seeds), **{f"searched.{k}": v for k, v in hp.items()}}))
         for seed_run in seed_runs:
             c.set_tag(seed_run, PARENT_TAG, run_id)
         c.set_terminated(run_id)

@@ -16,7 +16,7 @@ One command run measures, on the same model, batch size and sequence length:
 
 It writes ``results/bench/<date>.json`` (every number, the versions and the machine) and
 ``<date>.md`` (the summary, with the targets the project holds itself to). Timings are never
-asserted by tests: tests only check that the speedups change nothing (tests/test_speedups.py).
+asserted by tests: tests only check that the speedups change nothing (tests/train/test_speedups.py).
 """
 
 from raysent.bench.runner import (

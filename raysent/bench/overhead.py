@@ -161,8 +161,8 @@ def bench_overhead(raw_config: dict, steps: int, cpus: float, trials: int = 2, s
         finally:
             torch.set_num_threads(threads)
         out["bare_seconds"] = time.perf_counter() - t0
-        out["bare_train_seconds"] = bare["train_seconds"]
-        out["bare_phases"] = bare["phases"]
+        out["bare_train_seconds"] = bare.train_seconds
+        out["bare_phases"] = bare.phases
 
         t0 = time.perf_counter()
         started_here = not ray.is_initialized()
@@ -179,12 +179,12 @@ def bench_overhead(raw_config: dict, steps: int, cpus: float, trials: int = 2, s
             ray_run = train_with_ray(with_overrides(ray_cfg, {"train.output_dir": str(root / "train")}), quiet=True)
         out["ray_train_seconds"] = time.perf_counter() - t0
         out["ray_train_cpu"] = cpu.summary()
-        out["ray_train_train_seconds"] = ray_run["train_seconds"]
-        start = ray_run["startup"]
+        out["ray_train_train_seconds"] = ray_run.train_seconds
+        start = ray_run.startup
         out["ray_train_phases"] = {"until_worker_runs": start["entered_unix"] - t0_unix,
                                    "build_method": start["build_method_seconds"],
-                                   "prepare_data": start["prepare_data_seconds"], **ray_run["phases"]}
-        out["torch_threads"] = {"bare": bare.get("torch_threads"), "ray_train": ray_run.get("torch_threads")}
+                                   "prepare_data": start["prepare_data_seconds"], **ray_run.phases}
+        out["torch_threads"] = {"bare": bare.torch_threads, "ray_train": ray_run.torch_threads}
 
         say(f"  {trials} Ray Tune trials, each running Ray Train: {steps} steps each")
         out["tune_trial_each"] = _tune_trials(ray_cfg, trials, 0.1, root / "tune")

@@ -50,7 +50,7 @@ def disconnect_ray() -> None:
 def yaml_dump(obj) -> str:
     import yaml
 
-    return yaml.safe_dump(obj, sort_keys=False, default_flow_style=None).rstrip()
+    return yaml.safe_dump(obj, sort_keys=False, default_flow_style=None, allow_unicode=True, width=110).rstrip()
 
 
 def split_list(values: list[str] | None) -> list[str]:

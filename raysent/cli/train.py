@@ -6,7 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
-from raysent.cli.common import EPILOG, disconnect_ray, parse_set, stdout_for
+from raysent.cli.common import EPILOG, disconnect_ray, parse_set, stdout_for, yaml_dump
+from raysent.train.records import TrainSummary
 
 
 def register(sub) -> None:
@@ -23,6 +24,8 @@ def register(sub) -> None:
     t.add_argument("--output-dir", help="where the run's files go (default results/<name>/train/<method>-seed<seed>)")
     t.add_argument("--resume", action="store_true", help="continue from the last checkpoint in the output dir")
     t.add_argument("--print-config", action="store_true", help="print the resolved config (defaults filled) and exit")
+    t.add_argument("--dry-run", action="store_true", help="check the model, data, batch size, resources and output "
+                   "folder, print what was found and the estimated time, and exit without training")
     t.add_argument("--format", choices=["text", "json"], default="text", help="summary format")
     t.add_argument("--quiet", action="store_true", help="no progress lines")
     t.set_defaults(func=run)
@@ -39,6 +42,14 @@ def run(args) -> int:
     if args.print_config:
         print(cfg.to_yaml())
         return 0
+    from raysent.preflight import preflight
+    from raysent.tune.suite import rough_estimate
+
+    found = preflight(cfg, output_dir=True)  # before any training: one error listing every problem (exit 2)
+    if args.dry_run:
+        report = {"checked": found, "estimate": rough_estimate(cfg, searched=False)}
+        print(json.dumps(report, indent=2, default=str) if args.format == "json" else yaml_dump(report))
+        return 0
     if cfg.resources.workers:
         from raysent.train.ray_train import train_with_ray
 
@@ -53,24 +64,24 @@ def run(args) -> int:
     return 0
 
 
-def _print_train_summary(summary: dict, fmt: str) -> None:
+def _print_train_summary(summary: TrainSummary, fmt: str) -> None:
     if fmt == "json":
-        print(json.dumps({k: v for k, v in summary.items() if k != "config"}, indent=2, default=str))
+        print(json.dumps(summary.model_dump(exclude={"config"}), indent=2, default=str))
         return
-    init = (summary.get("initial_dev") or {}).get("dev_spearman")
+    init = (summary.initial_dev or {}).get("dev_spearman")
     lines = [
-        f"method {summary['method']}  seed {summary['seed']}  model {summary['model']}",
-        f"steps {summary['final_step']}/{summary['total_steps']}"
-        + ("  (stopped early)" if summary.get("stopped_early") else "")
-        + f"  in {summary['train_seconds']:.0f} s on {summary['workers']} worker(s)",
-        (f"dev Spearman: untuned {init:.2f} -> best {summary['best_dev_spearman']:.2f} at step "
-         f"{summary['best_step']}" if init is not None
-         else f"best dev Spearman {summary['best_dev_spearman']:.2f} at step {summary['best_step']}"),
-        f"best model: {summary['best_model_dir']}",
-        f"result: {Path(summary['output_dir']) / 'result.json'}",
+        f"method {summary.method}  seed {summary.seed}  model {summary.model}",
+        f"steps {summary.final_step}/{summary.total_steps}"
+        + ("  (stopped early)" if summary.stopped_early else "")
+        + f"  in {summary.train_seconds:.0f} s on {summary.workers} worker(s)",
+        (f"dev Spearman: untuned {init:.2f} -> best {summary.best_dev_spearman:.2f} at step "
+         f"{summary.best_step}" if init is not None
+         else f"best dev Spearman {summary.best_dev_spearman:.2f} at step {summary.best_step}"),
+        f"best model: {summary.best_model_dir}",
+        f"result: {Path(str(summary.output_dir)) / 'result.json'}",
     ]
-    if summary.get("transductive"):
+    if summary.transductive:
         lines.append("setting: transductive (trained on the unlabelled text of evaluation sets)")
-    for note in summary.get("data", {}).get("notes", []):
+    for note in summary.data.get("notes", []):
         lines.append(f"note: {note}")
     print("\n".join(lines))

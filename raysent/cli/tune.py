@@ -23,8 +23,9 @@ def register(sub) -> None:
     tu.add_argument("--config", dest="config_opt", metavar="FILE",
                     help="the experiment YAML (same as the positional argument; e.g. with --final-only best.yaml)")
     tu.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a fixed value; repeatable")
-    tu.add_argument("--dry-run", action="store_true", help="print the plan (trials, seeds, resources, where results "
-                    "go) and exit without training")
+    tu.add_argument("--dry-run", action="store_true", help="check the model, data, batch sizes, resources and results "
+                    "folder, print the plan (trials, seeds, resources, where results go) and the estimated time, and "
+                    "exit without training")
     tu.add_argument("--resume", action="store_true", help="continue the interrupted search of this experiment "
                     "(Tuner.restore): finished trials kept, none run twice")
     tu.add_argument("--final-only", action="store_true", help="skip the search: run the configuration as given "
@@ -48,7 +49,11 @@ def run(args) -> int:
     from raysent.tune.search import format_summary, plan, tune_experiment
 
     if args.dry_run:
-        p = plan(cfg, final_only=args.final_only)
+        from raysent.preflight import preflight
+        from raysent.tune.suite import rough_estimate
+        found = preflight(cfg)  # the same checks as a real run makes before its first trial (exit 2)
+        p = {**plan(cfg, final_only=args.final_only), "checked": found,
+             "estimate": rough_estimate(cfg, searched=not args.final_only and cfg.search is not None)}
         print(json.dumps(p, indent=2, default=str) if args.format == "json" else yaml_dump(p))
         return 0
     with stdout_for(args.format):

@@ -72,6 +72,8 @@ def resolve_model(name: str) -> tuple[str, list[str]]:
         if (path / "config.json").is_file():
             return str(path), looked
         raise ModelError(f"{path}: a folder without config.json is not a model saved with save_pretrained")
+    if name.startswith((".", "/", "~")):  # a path, not a hub id: the hub is no place to look for it
+        raise ModelError(f"model folder {path} does not exist")
     looked.append(str(path))
     root = os.environ.get("RAYSENT_MODEL_DIR")
     if root:
@@ -85,6 +87,41 @@ def resolve_model(name: str) -> tuple[str, list[str]]:
     if packaged is not None:
         return str(packaged), looked
     return name, looked
+
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+FIX = ("Fix: set RAYSENT_MODEL_DIR to a folder that holds '{short}/' (a save_pretrained folder), or point "
+       "model.name at a model folder (`--set model.name=PATH`; `raysent eval --model PATH`).")
+
+
+def check_model(name: str) -> dict:
+    """What a run needs of ``name`` without loading its weights: it resolves to a local folder with a config, a
+    tokenizer and a weights file (or, with the hub reachable, to a hub model whose config and tokenizer load).
+    Returns where it is and its shape; raises :class:`ModelError` naming what is missing and the fix."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    _quiet_transformers()
+    where, looked = resolve_model(name)
+    local = Path(where).is_dir()
+    short = name.rstrip("/").split("/")[-1]
+    if local:
+        if not any((Path(where) / f).is_file() for f in WEIGHT_FILES):
+            raise ModelError(f"model '{name}': the folder {where} has a config.json but no weights "
+                             f"({' or '.join(WEIGHT_FILES[::2])}); it is not a complete save_pretrained folder")
+    elif os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+        raise ModelError(f"model '{name}' not found. Looked in: {'; '.join(looked)}; the Hugging Face hub was "
+                         f"skipped (HF_HUB_OFFLINE is set). " + FIX.format(short=short))
+    try:
+        config = AutoConfig.from_pretrained(where)
+        AutoTokenizer.from_pretrained(where)
+    except OSError as exc:
+        raise ModelError(f"model '{name}' not found. Looked in: {'; '.join(looked) or where}; and the Hugging Face "
+                         f"hub: {str(exc).splitlines()[0][:300]}. " + FIX.format(short=short)) from None
+    except (ValueError, KeyError) as exc:
+        raise ModelError(f"model '{name}' ({where}): its config or tokenizer does not load: {exc}") from None
+    return {"path": where if local else f"hub: {where}", "type": config.model_type,
+            "layers": getattr(config, "num_hidden_layers", None), "hidden": getattr(config, "hidden_size", None)}
 
 
 @dataclass
@@ -125,12 +162,8 @@ class Encoder(nn.Module):
         where, looked = resolve_model(name)
         is_local = Path(where).is_dir()
         offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
-        if not is_local and offline:
-            raise ModelError(
-                f"model '{name}' not found. Looked in: {'; '.join(looked)}; the Hugging Face hub was "
-                "skipped (HF_HUB_OFFLINE is set). Fix: set RAYSENT_MODEL_DIR to a folder that holds "
-                f"'{name.split('/')[-1]}/' (a save_pretrained folder), or pass --model with a folder."
-            )
+        if not is_local and offline or is_local and not any((Path(where) / f).is_file() for f in WEIGHT_FILES):
+            check_model(name)  # raises the error that says what is missing
         overrides = {}
         if dropout is not None:
             overrides = {"hidden_dropout_prob": dropout, "attention_probs_dropout_prob": dropout}
@@ -141,8 +174,7 @@ class Encoder(nn.Module):
         except OSError as exc:
             raise ModelError(
                 f"model '{name}' not found. Looked in: {'; '.join(looked) or where}; and the Hugging Face "
-                f"hub: {str(exc).splitlines()[0][:300]}. Fix: set RAYSENT_MODEL_DIR to a folder that holds "
-                f"'{name.split('/')[-1]}/', or give the machine access to the hub."
+                f"hub: {str(exc).splitlines()[0][:300]}. " + FIX.format(short=name.rstrip("/").split("/")[-1])
             ) from None
         except (ValueError, KeyError) as exc:
             raise ModelError(f"model '{name}' ({where}) cannot be loaded by transformers.AutoModel: {exc}") from None

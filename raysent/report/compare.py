@@ -131,7 +131,8 @@ def _describe(spec: str, runs: dict[int, Run]) -> dict:
     rs = list(runs.values())
     r0 = rs[0]
     return {"spec": spec, "experiment": r0.experiment, "phase": ",".join(sorted({r.phase for r in rs})),
-            "config_id": ",".join(sorted({r.config_id for r in rs})), "method": r0.method,
+            "config_id": ",".join(sorted({r.config_id for r in rs})),
+            "search": ",".join(sorted({r.search for r in rs})), "method": r0.method,
             "model": short_model(r0.model), "hp": {k: format_value(v) for k, v in r0.hp.items()},
             "seeds": sorted(runs)}
 
@@ -152,6 +153,7 @@ def format_comparison(res: dict, alpha: float = 0.05) -> str:
     def who(d):
         hp = ", ".join(f"{k}={v}" for k, v in d["hp"].items())
         return (f"{d['spec']}: {d['experiment']} {d['phase']} {d['config_id']} {d['method']} {d['model']}"
+                + (f" [search {d['search']}]" if d.get("search") else "")
                 + (f" ({hp})" if hp else "") + f", seeds {', '.join(map(str, d['seeds']))}")
 
     lines = [f"A = {who(res['baseline'])}"]

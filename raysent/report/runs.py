@@ -248,8 +248,9 @@ def check_choice(value: str, allowed, option: str) -> str:
 def resolve(spec: str, results_dir: str | Path, phase: str | None = "final") -> list[Run]:
     """The runs a user names: an experiment, ``EXPERIMENT:CONFIG_ID``, a config_id, or a glob of run files.
 
-    For an experiment or a config_id only runs of ``phase`` are kept (None: any phase). A glob is
-    taken as given (every file it matches, whatever the phase).
+    For an experiment or a config_id only runs of ``phase`` are kept (None: any phase), of the experiment's
+    newest search (:func:`latest_search`). A glob is taken as given (every file it matches, whatever the
+    phase or search).
     """
     root = Path(results_dir)
     if any(ch in spec for ch in "*?[") or spec.endswith(".json"):
@@ -257,6 +258,19 @@ def resolve(spec: str, results_dir: str | Path, phase: str | None = "final") -> 
         if not files:
             raise RaysentError(f"{spec!r}: no run file matches this glob")
         return [read_run(p) for p in files]
+    return latest_search(_resolve_named(spec, root, phase))
+
+
+def latest_search(runs: list[Run]) -> list[Run]:
+    """The runs of the newest search of each experiment (an experiment run twice holds both searches; a
+    search id is its start time, so the newest sorts last). A glob of run files picks another search."""
+    newest: dict[str, str] = {}
+    for r in runs:
+        newest[r.experiment] = max(newest.get(r.experiment, ""), r.search)
+    return [r for r in runs if r.search == newest[r.experiment]]
+
+
+def _resolve_named(spec: str, root: Path, phase: str | None) -> list[Run]:
     if ":" in spec:
         exp, _, cid = spec.partition(":")
         runs = [r for r in load_experiment(exp, root) if r.config_id == cid and (phase is None or r.phase == phase)]

@@ -39,6 +39,7 @@ from raysent.eval.sts import evaluate_dev
 from raysent.methods import Gatherer, Method
 from raysent.methods.base import Speedups
 from raysent.models.embedder import Embedder
+from raysent.train.records import TrainSummary
 
 log = logging.getLogger("raysent.train")
 
@@ -110,7 +111,7 @@ class TrainHooks:
         if "dev_spearman" in metrics and not metrics.get("finished"):
             self.log(_format_eval(metrics))
 
-    def finish(self, metrics: dict, summary: dict) -> None:
+    def finish(self, metrics: dict, summary: TrainSummary) -> None:
         """The run is over: report the final metrics (the caller writes result.json)."""
         self.report(metrics, None)
 
@@ -202,7 +203,7 @@ def build_optimizer(cfg: ExperimentConfig, method: Method, total_steps: int):
 # --------------------------------------------------------------------------- the loop
 def run_training(cfg: ExperimentConfig, method: Method, data: TokenizedData, dev_specs: list[str],
                  hooks: TrainHooks, groups: np.ndarray | None = None,
-                 fail_at_step: int | None = None, record: dict | None = None) -> dict:
+                 fail_at_step: int | None = None, record: dict | None = None) -> TrainSummary:
     """Train ``method`` on ``data``; returns the run summary (also written to result.json on rank 0).
 
     ``fail_at_step`` raises once at that step (tests of recovery; only when no checkpoint is being
@@ -367,31 +368,30 @@ def run_training(cfg: ExperimentConfig, method: Method, data: TokenizedData, dev
             if epoch_done:
                 break
     state.train_seconds = time.perf_counter() - run_start
-    summary = {
-        "method": method.name,
-        "best_dev_spearman": state.best_score,
-        "best_step": state.best_step,
-        "final_step": state.step,
-        "total_steps": total,
-        "stopped_early": state.stopped_early,
-        "resumed_at_step": resumed_at,
-        "resumed_from": hooks.restored_from if resumed_at is not None else None,
-        "initial_dev": state.initial_dev,
-        "dev_curve": state.dev_curve,
-        "loss_curve": state.loss_curve,
-        "train_seconds": state.train_seconds,
-        "steps_per_second": state.step / state.train_seconds if state.train_seconds > 0 else None,
-        "sentences_per_second": (state.step * t.batch_size / state.train_seconds) if state.train_seconds > 0 else None,
-        "workers": world,
-        "device": device.type,
-        "torch_threads": torch.get_num_threads(),
-        "precision": t.precision if stepper.use_amp else "fp32",
-        "prepare": prepared,
-        "phases": {k: round(v, 3) for k, v in phases.items()},
+    summary = TrainSummary(
+        method=method.name,
+        best_dev_spearman=state.best_score,
+        best_step=state.best_step,
+        final_step=state.step,
+        total_steps=total,
+        stopped_early=state.stopped_early,
+        resumed_at_step=resumed_at,
+        resumed_from=hooks.restored_from if resumed_at is not None else None,
+        initial_dev=state.initial_dev,
+        dev_curve=state.dev_curve,
+        loss_curve=state.loss_curve,
+        train_seconds=state.train_seconds,
+        steps_per_second=state.step / state.train_seconds if state.train_seconds > 0 else None,
+        sentences_per_second=(state.step * t.batch_size / state.train_seconds) if state.train_seconds > 0 else None,
+        workers=world,
+        device=device.type,
+        torch_threads=torch.get_num_threads(),
+        precision=t.precision if stepper.use_amp else "fp32",
+        prepare=prepared,
+        phases={k: round(v, 3) for k, v in phases.items()},
+        best_model_dir=str(best_dir) if hooks.rank == 0 else None,
         **(record or {}),
-    }
-    if hooks.rank == 0:
-        summary["best_model_dir"] = str(best_dir)
+    )
     final = {"step": state.step, "epoch": state.epoch, "best_dev_spearman": state.best_score,
              "best_step": state.best_step, "finished": True,
              **(state.dev_curve[-1] if state.dev_curve else {})}
@@ -410,7 +410,7 @@ class Stepper:
         self.method, self.hooks, self.optimizer, self.scheduler = method, hooks, optimizer, scheduler
         self.grad_clip = t.grad_clip
         self.device = hooks.device
-        # speedups that keep the loss and gradients (tests/test_speedups.py); grad caching runs several backward
+        # speedups that keep the loss and gradients (tests/train/test_speedups.py); grad caching runs several backward
         # passes per step, which DDP cannot follow: the gradients are then averaged by hooks.sync_gradients
         method.speedups = Speedups(concat_views=t.concat_views, cache_views=t.cache_views)
         method.encoder.length_buckets = t.length_buckets

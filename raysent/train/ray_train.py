@@ -21,7 +21,6 @@ and writes ``<output_dir>/result.json``, as a one-worker run does.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import shutil
@@ -42,6 +41,7 @@ from raysent.io import write_json_atomic
 from raysent.methods import Gatherer, Method
 from raysent.train import run as in_process
 from raysent.train.loop import BEST_DIR, STATE_FILE, TrainHooks, link_tree
+from raysent.train.records import TrainSummary, read_summary
 from raysent.train.run import finish, stage_dirs, stderr, train_once, train_stages
 
 SUMMARY_FILE = "summary.json"
@@ -211,7 +211,7 @@ class RayHooks(TrainHooks):
             sys.stderr.write(msg + "\n")
             sys.stderr.flush()
 
-    def finish(self, metrics: dict, summary: dict) -> None:
+    def finish(self, metrics: dict, summary: TrainSummary) -> None:
         """The final checkpoint: the newest state and best model, plus the run summary."""
         final = None
         if self.rank == 0:
@@ -221,7 +221,7 @@ class RayHooks(TrainHooks):
             final.mkdir(exist_ok=True)
             # a new file, not a write through a link: the newest checkpoint may be Ray's final one of the run
             # this run resumed, whose summary must stay as it was
-            write_json_atomic(final / SUMMARY_FILE, summary)
+            write_json_atomic(final / SUMMARY_FILE, summary.to_json())
         self.report({**metrics, "finished": True}, final)
         if self._scratch is not None:
             if self._in_storage is not None and self.rank == 0:  # its checkpoints are Ray's now; the rest goes
@@ -369,13 +369,13 @@ def take_best_model(checkpoint, out: Path) -> dict | None:
         tmp = Path(tempfile.mkdtemp(dir=out, prefix=".best-"))
         shutil.rmtree(tmp)
         link_tree(d / BEST_DIR, tmp)
-        summary = json.loads((d / SUMMARY_FILE).read_text()) if (d / SUMMARY_FILE).is_file() else None
+        summary = read_summary(d / SUMMARY_FILE) if (d / SUMMARY_FILE).is_file() else None
     shutil.rmtree(out / BEST_DIR, ignore_errors=True)
     tmp.rename(out / BEST_DIR)
     return summary
 
 
-def collect(cfg: ExperimentConfig, result, t0: float) -> dict:
+def collect(cfg: ExperimentConfig, result, t0: float) -> TrainSummary:
     """Copy the best model out of the final checkpoint, write result.json, return the summary."""
     if result.error is not None:
         raise RaysentError(f"training {cfg.name} failed on Ray Train: {result.error}")
@@ -385,7 +385,7 @@ def collect(cfg: ExperimentConfig, result, t0: float) -> dict:
     summary = take_best_model(result.checkpoint, out)
     if summary is None:
         raise RaysentError(f"training {cfg.name} on Ray Train: its last checkpoint has no run summary")
-    summary["ray"] = {"storage_path": result.path, "checkpoint": result.checkpoint.path}
+    summary.ray = {"storage_path": result.path, "checkpoint": result.checkpoint.path}
     return finish(cfg, summary, out, t0)
 
 
@@ -406,7 +406,7 @@ def take_best_model_of_run(cfg: ExperimentConfig) -> bool:
 
 
 def train_one_with_ray(cfg: ExperimentConfig, resume: bool = False, quiet: bool = False,
-                       fail_at_step: int | None = None, callbacks: list | None = None) -> dict:
+                       fail_at_step: int | None = None, callbacks: list | None = None) -> TrainSummary:
     from ray.train import TrainingFailedError
 
     t0 = time.time()
@@ -428,7 +428,7 @@ def train_one_with_ray(cfg: ExperimentConfig, resume: bool = False, quiet: bool 
 
 
 def train_with_ray(cfg: ExperimentConfig, resume: bool = False, quiet: bool = False,
-                   fail_at_step: int | None = None) -> dict:
+                   fail_at_step: int | None = None) -> TrainSummary:
     """`raysent train` with resources.workers: every stage of the method through Ray Train."""
     init_ray(cfg)
     return train_stages(cfg, lambda c: train_one_with_ray(c, resume, quiet, fail_at_step), resume=resume,

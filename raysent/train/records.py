@@ -1,12 +1,14 @@
-"""The run record: what one finished (configuration, seed) of a search leaves in
+"""Two schemas. The training summary: what one training run returns, on every path, and writes to its
+``result.json``. The run record: what one finished (configuration, seed) of a search leaves in
 ``results/<experiment>/runs/`` (or ``stopped/`` for a trial the scheduler ended), one schema for the
 writer (``raysent tune``) and every reader (tables, comparisons, plots, the suite).
 
 A record carries ``schema_version``; a file without it, with another version, or with fields this version
 does not know is refused with an error that names the file and the field. Version history:
 
-* 1 — the fields below (2026-11-25). Records written before the version field existed hold exactly these
-  fields: :func:`read_record` names such a file and says to add ``"schema_version": 1``.
+* 1 — the fields below (2026-11-25; ``diverged`` added, optional, the same day). Records written
+  before the version field existed hold exactly these fields: :func:`read_record` names such a file and
+  says to add ``"schema_version": 1``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from raysent.errors import RaysentError
 
 SCHEMA_VERSION: Final = 1
+DIVERGED_DROP: Final = 10.0  # Spearman points (×100) below the untrained start that make a run "diverged"
 PHASES = ("final", "search")
 
 
@@ -58,6 +61,8 @@ class RunRecord(BaseModel):
     dev_curve: list[CurvePoint] = Field(default_factory=list)
     final_step: int | None = None
     learned: bool | None = Field(None, description="best checkpoint after step 0 (None: a method that does not train)")
+    diverged: bool | None = Field(None, description=f"its last dev score is NaN or more than {DIVERGED_DROP:g} "
+                                  "points below its start (None: no evaluation at the start)")
     train_seconds: float | None = None
     sentences_per_second: float | None = None
     workers: int | None = None
@@ -76,12 +81,82 @@ class RunRecord(BaseModel):
         return self.model_dump()
 
 
+class TrainSummary(BaseModel):
+    """What one training run returns, the same on every path (in this process, on Ray Train, in a Tune trial):
+    the loop's numbers, then what the driver adds (name, seed, folders, wall time, config) before it writes
+    ``<output_dir>/result.json``. A field the loop or the driver does not know is refused, so the two cannot
+    drift apart."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # the loop (raysent.train.loop.run_training)
+    method: str
+    best_dev_spearman: float
+    best_step: int
+    final_step: int
+    total_steps: int
+    stopped_early: bool = False
+    resumed_at_step: int | None = None
+    resumed_from: str | None = None
+    initial_dev: dict[str, Any] | None = None
+    dev_curve: list[dict[str, Any]] = Field(default_factory=list)
+    loss_curve: list[dict[str, Any]] = Field(default_factory=list)
+    train_seconds: float
+    steps_per_second: float | None = None
+    sentences_per_second: float | None = None
+    workers: int
+    device: str
+    torch_threads: int
+    precision: str
+    prepare: dict[str, Any] | None = Field(None, description="what the method computed before training")
+    phases: dict[str, float] = Field(default_factory=dict, description="seconds per part of a step")
+    data: dict[str, Any] = Field(default_factory=dict, description="what it trained on")
+    startup: dict[str, Any] = Field(default_factory=dict, description="seconds to build the method, the data")
+    best_model_dir: str | None = None
+    # the driver (raysent.train.run.finish, train_stages; Ray Train's storage)
+    name: str | None = None
+    seed: int | None = None
+    model: str | None = None
+    transductive: bool | None = None
+    output_dir: str | None = None
+    wall_seconds: float | None = None
+    config: dict[str, Any] | None = None
+    stages: list[dict[str, Any]] | None = Field(None, description="one entry per stage of a multi-stage method")
+    ray: dict[str, Any] | None = Field(None, description="Ray Train's storage path and last checkpoint")
+
+    def to_json(self) -> dict:
+        return self.model_dump()
+
+
+def read_summary(path: str | Path) -> TrainSummary:
+    """The training summary in ``path`` (a run's result.json), validated."""
+    path = Path(path)
+    try:
+        return TrainSummary.model_validate(json.loads(path.read_text(encoding="utf-8")))
+    except (ValidationError, json.JSONDecodeError) as exc:
+        problems = (str(exc) if isinstance(exc, json.JSONDecodeError) else
+                    "; ".join(f"field '{'.'.join(map(str, e['loc']))}': {e['msg']}" for e in exc.errors()[:5]))
+        raise RaysentError(f"{path}: not a valid training summary: {problems}") from None
+
+
 def learned(method: str, best_step) -> bool | None:
     """Whether a run improved on the untouched encoder: its best checkpoint is after step 0 (None for a method
     that does not train). A run whose best is step 0 reports the input model, not what training made of it."""
     if method == "baseline" or best_step is None:
         return None
     return int(best_step) > 0
+
+
+def diverged(initial_dev: dict | None, dev_curve: list) -> bool | None:
+    """Whether a run ended far below where it started: its last dev score is NaN or more than
+    :data:`DIVERGED_DROP` points below the untouched encoder's (a learning rate too high collapses the
+    embeddings without any NaN). None when the start was not evaluated."""
+    start = (initial_dev or {}).get("dev_spearman")
+    if start is None or not dev_curve:
+        return None
+    last = dev_curve[-1]
+    last = last.get("dev_spearman") if isinstance(last, dict) else last.dev_spearman
+    return last is None or last != last or last < start - DIVERGED_DROP
 
 
 def validate_record(data: Any, source: str) -> RunRecord:

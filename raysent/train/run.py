@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import sys
@@ -21,6 +20,7 @@ from raysent.methods.base import PREVIOUS_STAGE_BEST
 from raysent.models.encoder import Encoder
 from raysent.train.loop import TrainHooks, run_training, set_seed
 from raysent.train.memory import use_huge_pages
+from raysent.train.records import TrainSummary, read_summary
 
 log = logging.getLogger("raysent.train")
 
@@ -65,8 +65,8 @@ def _subset(data, n: int):
     return dataclasses.replace(data, **changes)
 
 
-def train_stages(cfg: ExperimentConfig, train_one: Callable[[ExperimentConfig], dict], resume: bool = False,
-                 log: Callable[[str], None] = print) -> dict:
+def train_stages(cfg: ExperimentConfig, train_one: Callable[[ExperimentConfig], TrainSummary],
+                 resume: bool = False, log: Callable[[str], None] = print) -> TrainSummary:
     """Run a method's stages in order (one stage for most methods), each from the last one's best model.
 
     A finished stage (its result.json exists) is not run again with ``resume``.
@@ -75,7 +75,7 @@ def train_stages(cfg: ExperimentConfig, train_one: Callable[[ExperimentConfig], 
     if not stages:
         return train_one(cfg)
     out = cfg.output_dir()
-    previous, records, summary = None, [], {}
+    previous, records = None, []
     for i, (label, overrides) in enumerate(stages):
         last = i == len(stages) - 1
         ov = {k: (previous if v == PREVIOUS_STAGE_BEST else v) for k, v in overrides.items()}
@@ -83,17 +83,17 @@ def train_stages(cfg: ExperimentConfig, train_one: Callable[[ExperimentConfig], 
         stage_cfg = with_overrides(cfg, ov)
         done = Path(ov["train.output_dir"]) / "result.json"
         if resume and not last and done.is_file():
-            summary = json.loads(done.read_text())
+            summary = read_summary(done)
             log(f"stage {label}: already finished ({done}), not run again")
         else:
             log(f"stage {i + 1}/{len(stages)} ({label}): {stage_cfg.method} on {stage_cfg.data.train}")
             summary = train_one(stage_cfg)
-        previous = summary["best_model_dir"]
+        previous = summary.best_model_dir
         records.append({"stage": label, "method": stage_cfg.method, "data": stage_cfg.data.train,
-                        "best_dev_spearman": summary["best_dev_spearman"], "best_step": summary["best_step"],
-                        "initial_dev": summary.get("initial_dev"), "output_dir": summary["output_dir"]})
-    summary = {**summary, "stages": records, "initial_dev": records[0]["initial_dev"]}
-    write_json_atomic(out / "result.json", summary)
+                        "best_dev_spearman": summary.best_dev_spearman, "best_step": summary.best_step,
+                        "initial_dev": summary.initial_dev, "output_dir": summary.output_dir})
+    summary = summary.model_copy(update={"stages": records, "initial_dev": records[0]["initial_dev"]})
+    write_json_atomic(out / "result.json", summary.to_json())
     return summary
 
 
@@ -118,7 +118,7 @@ def delete_checkpoints(cfg: ExperimentConfig) -> None:
 
 
 def train_once(cfg: ExperimentConfig, hooks: TrainHooks, fail_at_step: int | None = None,
-               startup: dict | None = None) -> dict:
+               startup: dict | None = None) -> TrainSummary:
     """One stage of one run, the same on every path (in this process, in a Tune trial, on each Ray Train
     worker): build the method, prepare its data, run the loop with ``hooks``. Returns the loop's summary with
     ``data`` (what it trained on) and ``startup`` (seconds to build the method and to prepare the data)."""
@@ -133,11 +133,11 @@ def train_once(cfg: ExperimentConfig, hooks: TrainHooks, fail_at_step: int | Non
 
 
 def train_in_process(cfg: ExperimentConfig, resume: bool = False, quiet: bool = False,
-                     fail_at_step: int | None = None, hooks: type[TrainHooks] = TrainHooks) -> dict:
+                     fail_at_step: int | None = None, hooks: type[TrainHooks] = TrainHooks) -> TrainSummary:
     """Every stage of a run with the loop in this process (`raysent train` without resources.workers, and a
     Tune trial that trains in its own process, with ``hooks`` that report to Tune); results in output_dir."""
 
-    def train_one(stage_cfg: ExperimentConfig) -> dict:
+    def train_one(stage_cfg: ExperimentConfig) -> TrainSummary:
         out = stage_cfg.output_dir()
         t0 = time.time()
         summary = train_once(stage_cfg, hooks(out, resume=resume, quiet=quiet), fail_at_step=fail_at_step)
@@ -150,12 +150,11 @@ def stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def finish(cfg: ExperimentConfig, summary: dict, out: Path, t0: float) -> dict:
+def finish(cfg: ExperimentConfig, summary: TrainSummary, out: Path, t0: float) -> TrainSummary:
     """The run's summary with what the driver knows (name, seed, folders, wall time, config), in result.json."""
-    data_info = summary["data"]
-    summary = {**summary, "name": cfg.name, "seed": cfg.train.seed, "model": cfg.model.name,
-               "transductive": data_info["transductive"], "output_dir": str(out),
-               "best_model_dir": str(out / "best"), "wall_seconds": time.time() - t0,
-               "config": cfg.to_dict()}
-    write_json_atomic(out / "result.json", summary)
+    summary = summary.model_copy(update={
+        "name": cfg.name, "seed": cfg.train.seed, "model": cfg.model.name,
+        "transductive": summary.data["transductive"], "output_dir": str(out), "best_model_dir": str(out / "best"),
+        "wall_seconds": time.time() - t0, "config": cfg.to_dict()})
+    write_json_atomic(out / "result.json", summary.to_json())
     return summary

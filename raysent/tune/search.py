@@ -41,7 +41,7 @@ import yaml
 from raysent.config import ExperimentConfig, with_overrides
 from raysent.errors import Interrupted, RaysentError
 from raysent.io import write_json_atomic
-from raysent.train.records import learned, read_record, validate_record
+from raysent.train.records import RunRecord, TrainSummary, learned, read_record, validate_record
 from raysent.train.run import train_in_process, train_stages
 from raysent.tune.space import config_id, grid, suggest
 from raysent.tune.trial import (
@@ -52,9 +52,12 @@ from raysent.tune.trial import (
     TuneHooks,
     build_record,
     drop_checkpoints,
+    open_live_run,
     record_path,
     resolve_trial,
     save_record,
+    training_fields,
+    trial_identity,
 )
 
 STATE_FILE = "state.json"
@@ -94,23 +97,47 @@ def run_trial(config: dict, ctx: TrialContext) -> None:
             os.environ[key] = value
     trial_id = tune.get_context().get_trial_id()
     hp, seed, cid, cfg = resolve_trial(config, ctx, trial_id)
-    started = time.time()
-    summary = train_trial(cfg)
-    final = {}
-    if ctx.phase == "final":
-        final["eval"] = evaluate_final(cfg, summary["best_model_dir"])
-        final["scores"] = final["eval"]["metrics"]
-    record = build_record(ctx, cfg, hp, seed, trial_id, summary, **final, wall_seconds=time.time() - started,
-                          finished_at=time.time())
-    data = save_record(record_path(ctx, record), record, cfg, ctx)
-    drop_checkpoints(cfg)  # before the last report, after which Tune may end this process
+    identity = trial_identity(ctx, hp, seed, trial_id)
+    done = record_path(ctx, RunRecord.model_construct(**identity, search=ctx.run))
+    if done.is_file():
+        # its record was written before the search was interrupted (or an earlier trial of the search ran the
+        # same configuration and seed): the run is not trained, nor logged, twice
+        data = read_record(done).to_json()
+    else:
+        data = train_and_record(cfg, ctx, hp, seed, trial_id, identity)
     # the record also travels in the result: on a cluster this trial may run on another node, whose disk the
     # driver cannot read; the driver writes every record it gets back into its own results/<exp>/runs
-    tune.report({ctx.metric: record.best_dev_spearman if ctx.metric == "best_dev_spearman"
+    tune.report({ctx.metric: data["best_dev_spearman"] if ctx.metric == "best_dev_spearman"
                  else (data["dev_curve"][-1].get(ctx.metric, math.nan) if data["dev_curve"] else math.nan),
                  "seed": seed, "finished": True, RECORD_KEY: json.dumps(data, default=str),
-                 **{k: v for k, v in record.scores.items() if isinstance(v, float)}})
+                 **{k: v for k, v in data.get("scores", {}).items() if isinstance(v, float)}})
 
+
+def train_and_record(cfg: ExperimentConfig, ctx: TrialContext, hp: dict, seed: int, trial_id: str,
+                     identity: dict) -> dict:
+    """Train one trial's run with its MLflow run live, evaluate it (final phase), write its record."""
+    started = time.time()
+    live = open_live_run(ctx, cfg, identity)
+    TuneHooks.live = live
+    try:
+        summary = train_trial(cfg, live)
+        final = {}
+        if ctx.phase == "final":
+            final["eval"] = evaluate_final(cfg, str(summary.best_model_dir))
+            final["scores"] = final["eval"]["metrics"]
+    except BaseException as exc:
+        if live is not None:
+            # KeyboardInterrupt / SystemExit: Ctrl-C, or Tune ending the trial; the search's end decides
+            failed = isinstance(exc, Exception)
+            live.fail(f"{type(exc).__name__}: {exc}" if failed else "interrupted", "FAILED" if failed else "KILLED")
+        raise
+    finally:
+        TuneHooks.live = None
+    record = build_record(ctx, cfg, hp, seed, trial_id, **training_fields(summary), **final,
+                          wall_seconds=time.time() - started, finished_at=time.time())
+    data = save_record(record_path(ctx, record), record, cfg, ctx, live=live)
+    drop_checkpoints(cfg)  # before the last report, after which Tune may end this process
+    return data
 
 
 def _sync_records(results, exp: Path) -> int:
@@ -128,16 +155,18 @@ def _sync_records(results, exp: Path) -> int:
     return written
 
 
-def train_trial(cfg: ExperimentConfig) -> dict:
+def train_trial(cfg: ExperimentConfig, live=None) -> TrainSummary:
     """Every stage of one trial's run, resumed where a checkpoint exists: on Ray Train workers
-    (``resources.workers``; Train's metrics forwarded to Tune) or in the trial's own process."""
+    (``resources.workers``; Train's metrics forwarded to Tune and to the live MLflow run) or in the trial's
+    own process."""
     if cfg.resources.workers:
         from ray.tune.integration.ray_train import TuneReportCallback
 
         from raysent.train.ray_train import train_one_with_ray
+        from raysent.tune.live import MlflowReportCallback
 
-        return train_stages(cfg, lambda c: train_one_with_ray(c, resume=True, quiet=True,
-                                                              callbacks=[TuneReportCallback()]),
+        callbacks = [TuneReportCallback(), *([MlflowReportCallback(live)] if live is not None else [])]
+        return train_stages(cfg, lambda c: train_one_with_ray(c, resume=True, quiet=True, callbacks=callbacks),
                             resume=True, log=lambda m: None)
     return train_in_process(cfg, resume=True, quiet=True, hooks=TuneHooks)
 
@@ -227,7 +256,7 @@ def _say(quiet: bool):
 def tune_experiment(cfg: ExperimentConfig, resume: bool = False, final_only: bool = False, quiet: bool = False,
                     source: str = "<config>") -> dict:
     """Search (unless ``final_only``), then the final phase; returns the summary (also summary.json)."""
-    from raysent.tracking import end_run, ensure_experiment, redact, start_run, tracking_uri
+    from raysent.tracking import end_runs_of, ensure_experiment, redact, reopen_run, start_run, tracking_uri
     from raysent.train.ray_train import init_ray
 
     say = _say(quiet)
@@ -238,11 +267,15 @@ def tune_experiment(cfg: ExperimentConfig, resume: bool = False, final_only: boo
     if sp and "://" not in sp:  # trials run in their own folders (and on other nodes): an absolute path
         cfg = with_overrides(cfg, {"resources.storage_path": str(Path(sp).expanduser().resolve())})
     exp = experiment_dir(cfg)
-    exp.mkdir(parents=True, exist_ok=True)
     state = _load_state(exp) if resume else {}
     if resume and not state:
         raise RaysentError(f"--resume: no search to resume in {exp} (no {STATE_FILE}); run without --resume")
+    from raysent.preflight import check_resources, preflight
+
+    preflight(cfg, resources=False)  # model, data, batch, results folder: before Ray starts (exit 2)
+    exp.mkdir(parents=True, exist_ok=True)
     init_ray(cfg)
+    check_resources(cfg)  # against the Ray this search runs on
     uri = tracking_uri(cfg)
     exp_id = ensure_experiment(cfg)
     if not state:
@@ -253,20 +286,30 @@ def tune_experiment(cfg: ExperimentConfig, resume: bool = False, final_only: boo
                                                {"method": cfg.method, "model": cfg.model.name,
                                                 "phase": "final" if final_only else "search"})
         _save_state(exp, state)
+    elif exp_id is not None and state.get("parent_run_id"):
+        reopen_run(uri, state["parent_run_id"])  # --resume: the search's run is running again
     mlflow = {"uri": uri, "experiment_id": exp_id, "parent": state.get("parent_run_id")} if exp_id else None
     say(f"experiment {exp.name}: results in {exp}" + (f", MLflow {redact(uri)}" if mlflow else ""))
     started = time.time()
-    if state["phase"] == "search":
-        best = run_search(cfg, exp, state, mlflow, resume, say)
-        state.update(phase="final", best=best)
-        _save_state(exp, state)
-    if state["phase"] == "final":
-        best = state.get("best") or {"hp": {}, "config_id": config_id({}), "dev_mean": None}
-        final = run_final(cfg, exp, state, best, mlflow, resume, say)
-        state.update(phase="done", final=final)
-        _save_state(exp, state)
-    if mlflow and state.get("parent_run_id"):
-        end_run(uri, state["parent_run_id"])
+    status = "FAILED"
+    try:
+        if state["phase"] == "search":
+            best = run_search(cfg, exp, state, mlflow, resume, say)
+            state.update(phase="final", best=best)
+            _save_state(exp, state)
+        if state["phase"] == "final":
+            best = state.get("best") or {"hp": {}, "config_id": config_id({}), "dev_mean": None}
+            final = run_final(cfg, exp, state, best, mlflow, resume, say)
+            state.update(phase="done", final=final)
+            _save_state(exp, state)
+        status = "FINISHED"
+    except (Interrupted, KeyboardInterrupt):
+        status = "KILLED"  # resumable: --resume sets it running again
+        raise
+    finally:
+        if mlflow and state.get("parent_run_id"):
+            # the search's run, and any run of it still open (a trial killed with the search), end with it
+            end_runs_of(uri, exp_id, state["parent_run_id"], status)
     summary = {"experiment": exp.name, "results": str(exp), "search": state["run"], "best": state.get("best"),
                "final": state.get("final"), "mlflow": redact(uri) if mlflow else None,
                "wall_seconds": time.time() - started}
@@ -327,6 +370,10 @@ def run_search(cfg: ExperimentConfig, exp: Path, state: dict, mlflow: dict | Non
         scheduler = ASHAScheduler(time_attr="training_iteration", metric=metric, mode=s.mode,
                                   grace_period=s.scheduler.grace_period, reduction_factor=s.scheduler.reduction_factor,
                                   max_t=s.scheduler.max_t or 10**6)
+    from raysent.tune.failfast import FailFast
+
+    fail_fast = FailFast(s.fail_fast)
+    callbacks.append(fail_fast)
     storage = tune_storage(cfg, exp)
     path = f"{storage.rstrip('/')}/search-{run}"
     n = 1 if s.algorithm == "grid" else s.num_samples * s.seeds  # Tune's samples (it expands a grid itself)
@@ -343,9 +390,13 @@ def run_search(cfg: ExperimentConfig, exp: Path, state: dict, mlflow: dict | Non
                                              num_samples=n, max_concurrent_trials=s.max_concurrent_trials,
                                              reuse_actors=reuse_trial_processes(cfg)),
                       run_config=RunConfig(name=f"search-{run}", storage_path=storage, callbacks=callbacks,
-                                           failure_config=tune.FailureConfig(max_failures=0)))
+                                           stop=fail_fast, failure_config=tune.FailureConfig(max_failures=0)))
     results = tuner.fit()
     _sync_records(results, exp)
+    if fail_fast.reason is not None:
+        kind, message = fail_fast.reason
+        raise RaysentError(f"search {run} stopped: its first {s.fail_fast} trials all failed with {kind}: {message}"
+                           f" (trial logs under {path}; search.fail_fast sets how many)")
     # Tune creates a grid's trials as it goes: interrupted, the ones not started yet are not in `results`
     _check_complete(results, total, cfg, "search")
     failed = [{"trial_id": r.metrics.get("trial_id") if r.metrics else None, "path": r.path,
@@ -403,7 +454,8 @@ def pick_best(cfg: ExperimentConfig, exp: Path, run: str, mlflow: dict | None, f
             log_configuration(mlflow["uri"], mlflow["experiment_id"], with_overrides(cfg, recs[0]["hp"]), "search",
                               recs[0]["hp"], cid, {"best_dev_spearman_mean": row["dev_mean"],
                                                    "best_dev_spearman_std": row["dev_std"]},
-                              [r["mlflow_run_id"] for r in recs if r.get("mlflow_run_id")], mlflow["parent"])
+                              [r["mlflow_run_id"] for r in recs if r.get("mlflow_run_id")], mlflow["parent"],
+                              [r["seed"] for r in recs])
     # on equal scores a configuration that learned wins over one whose every seed kept the untouched encoder
     table.sort(key=lambda r: (-sign * r["dev_mean"], not r["learned"]))
     stopped = [{"trial_id": r["trial_id"], "config_id": r["config_id"], "hp": r["hp"], "seed": r["seed"],
@@ -411,7 +463,10 @@ def pick_best(cfg: ExperimentConfig, exp: Path, run: str, mlflow: dict | None, f
                for r in _records(exp, "search", run, STOPPED_DIR)]
     if stopped:
         say(f"{len(stopped)} trial(s) stopped early by the scheduler: records in {exp / STOPPED_DIR}")
-    best = {**table[0], "configurations": table, "failed": failed, "stopped": stopped}
+    records = [r for recs in groups.values() for r in recs]
+    best = {**table[0], "configurations": table, "failed": failed, "stopped": stopped, "finished_runs": len(records),
+            "not_learned_runs": sum(learned(r["method"], r.get("best_step")) is False for r in records),
+            "diverged_runs": sum(bool(r.get("diverged")) for r in records)}
     best_cfg = with_overrides(cfg, best["hp"]).to_dict()
     best_cfg.pop("search", None)
     (exp / "best.yaml").write_text(
@@ -466,28 +521,65 @@ def run_final(cfg: ExperimentConfig, exp: Path, state: dict, best: dict, mlflow:
         flat = {**{f"{k}_mean": v["mean"] for k, v in scores.items()},
                 **{f"{k}_std": v["std"] for k, v in scores.items()}}
         log_configuration(mlflow["uri"], mlflow["experiment_id"], final_cfg, "final", best["hp"], best["config_id"],
-                          flat, [r["mlflow_run_id"] for r in recs if r.get("mlflow_run_id")], mlflow["parent"])
+                          flat, [r["mlflow_run_id"] for r in recs if r.get("mlflow_run_id")], mlflow["parent"],
+                          [r["seed"] for r in recs])
     return {"seeds": [r["seed"] for r in recs], "missing_seeds": sorted(set(cfg.seeds) - {r["seed"] for r in recs}),
             "scores": scores, "errors": errors,
-            "not_learned_seeds": sorted(r["seed"] for r in recs if learned(r["method"], r.get("best_step")) is False)}
+            "not_learned_seeds": sorted(r["seed"] for r in recs if learned(r["method"], r.get("best_step")) is False),
+            "transductive": any(bool(r.get("transductive")) for r in recs)}
+
+
+def paper_row(scores: dict, kind: str = "") -> list[str] | None:
+    """The row of the papers' STS table (the 7 sets in their order, then Avg; mean ± std over seeds) from the
+    final phase's scores (``kind``: "" Spearman, "/pearson" Pearson); None without them."""
+    from raysent.report.runs import TASKS
+
+    cells = [scores.get(f"sts/{t}{kind}") for t in TASKS]
+    if not any(cells):
+        return None
+    avg = scores.get("sts/avg") if not kind else None
+    vals = [f"{c['mean']:.2f}±{c['std']:.2f}" if c else "—" for c in [*cells, avg]]
+    if kind and all(cells):  # no Pearson Avg is recorded: the mean of the sets' means
+        vals[-1] = f"{np.mean([c['mean'] for c in cells]):.2f}"
+    return vals
 
 
 def format_summary(summary: dict) -> str:
-    lines = [f"experiment {summary['experiment']} (search {summary['search']})"]
+    wall = summary.get("wall_seconds")
+    lines = [f"experiment {summary['experiment']} (search {summary['search']})"
+             + (f" in {wall / 60:.1f} min" if wall else "")]
     best = summary.get("best")
     if best and best.get("configurations"):
         lines.append(f"best configuration: {best['hp']}  dev {best['dev_mean']:.2f}"
                      + (f" ± {best['dev_std']:.2f}" if best["n"] > 1 else "") + f" over {best['n']} seed(s)"
                      + ("" if best.get("learned", True) else "  (learned nothing: best at step 0 on every seed)"))
-        lines.append(f"configurations finished: {len(best['configurations'])}, failed trials: {len(best['failed'])}"
-                     + (f", stopped early by the scheduler: {len(best['stopped'])} (stopped/)"
-                        if best.get("stopped") else ""))
+        finished = best.get("finished_runs", sum(c["n"] for c in best["configurations"]))
+        counts = [f"{finished} finished", f"{len(best['failed'])} failed",
+                  f"{len(best.get('stopped') or [])} stopped early (stopped/)",
+                  f"{best.get('not_learned_runs', 0)} learned nothing (best at step 0)",
+                  f"{best.get('diverged_runs', 0)} diverged"]
+        lines.append(f"search trials: {', '.join(counts)}; configurations: {len(best['configurations'])}")
     final = summary.get("final")
     if final:
         lines.append(f"final phase on seeds {final['seeds']}"
-                     + (f" (missing: {final['missing_seeds']})" if final["missing_seeds"] else "") + ":")
+                     + (f" (missing: {final['missing_seeds']})" if final["missing_seeds"] else "")
+                     + (" [transductive: trained on the evaluation sets' unlabelled text]"
+                        if final.get("transductive") else "")
+                     + ": STS, ×100, mean ± std over seeds")
+        from raysent.report.runs import TASK_LABELS, TASKS
+
+        rows = {label: row for label, kind in (("Spearman", ""), ("Pearson", "/pearson"))
+                if (row := paper_row(final["scores"], kind))}
+        if rows:
+            heads = [*(TASK_LABELS[t] for t in TASKS), "Avg"]
+            width = [max(len(h), *(len(r[i]) for r in rows.values())) for i, h in enumerate(heads)]
+            lines.append(f"  {'':8s}  " + "  ".join(h.rjust(w) for h, w in zip(heads, width)))
+            lines += [f"  {label:8s}  " + "  ".join(v.rjust(w) for v, w in zip(row, width))
+                      for label, row in rows.items()]
+        shown = {f"sts/{t}{kind}" for t in (*TASKS, "avg") for kind in ("", "/pearson")} if rows else set()
         for k, v in final["scores"].items():
-            lines.append(f"  {k:28s} {v['mean']:6.2f} ± {v['std']:.2f} (n={v['n']})")
+            if k not in shown:
+                lines.append(f"  {k:28s} {v['mean']:6.2f} ± {v['std']:.2f} (n={v['n']})")
         flat = final.get("not_learned_seeds") or []
         if flat:
             lines.append(f"NO LEARNING on seed(s) {flat}: the best checkpoint is step 0, the untouched input model; "

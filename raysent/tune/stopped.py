@@ -7,10 +7,11 @@ keeps each trial's reported evaluations and, when Tune completes a trial that re
 not its run record (the last result of every trial that ran to its end carries it), writes
 ``results/<experiment>/stopped/<phase>-<search>-<config>-seed<seed>-<trial>.json`` — the run record's
 fields, the curve up to the stop, ``stopped`` (by whom, at which step), the best model (a Ray Train
-trial's taken out of its newest checkpoint into the trial's ``best/``) — and an MLflow run marked
-``KILLED`` under the search's parent run. Its checkpoints are then deleted as a finished trial's are
-(``search.keep_checkpoints``). ``runs/`` stays one file per finished run (the tables average
-those); the search summary lists the stopped trials.
+trial's taken out of its newest checkpoint into the trial's ``best/``) — and its MLflow run, ended
+``KILLED`` (the trial's live run where its folder is on this machine, else a new one under the search's
+parent run). Its checkpoints are then deleted as a finished trial's are (``search.keep_checkpoints``).
+``runs/`` stays one file per finished run (the tables average those); the search summary lists the
+stopped trials.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 from ray.tune import Callback
 
 from raysent.tune.trial import (
+    LIVE_RUN_FILE,
     RECORD_KEY,
     TrialContext,
     build_record,
@@ -85,18 +87,24 @@ class StoppedTrials(Callback):
 
                 warnings.warn(f"stopped trial {trial.trial_id}: no best model from its checkpoints: {exc}",
                               stacklevel=2)
-        summary = {"best_dev_spearman": last.get("best_dev_spearman", best["dev_spearman"]),
-                   "best_step": last.get("best_step", best["step"]),
-                   "dev_curve": curve, "final_step": last.get("step"), "workers": cfg.resources.workers or 1,
-                   "best_model_dir": str(out / "best") if (out / "best").is_dir() else None}
-        rec = build_record(ctx, cfg, hp, seed, trial.trial_id, summary,
+        start = curve[0] if curve and curve[0]["step"] == 0 else None
+        reported = {"best_dev_spearman": last.get("best_dev_spearman", best["dev_spearman"]),
+                    "best_step": last.get("best_step", best["step"]), "initial_dev": start,
+                    "dev_curve": curve, "final_step": last.get("step"), "workers": cfg.resources.workers or 1,
+                    "best_model_dir": str(out / "best") if (out / "best").is_dir() else None}
+        rec = build_record(ctx, cfg, hp, seed, trial.trial_id, **reported,
                            wall_seconds=last.get("time_total_s"),  # the trial's, until its last report
                            stopped={"by": "scheduler", "at_step": last.get("step"),
                                     "training_iteration": last.get("training_iteration"),
                                     "total_steps": cfg.train.max_steps},
                            finished_at=time.time())
         path = record_path(ctx, rec, stopped=True)
-        save_record(path, rec, cfg, ctx, status="KILLED", tags={"stopped_by": "scheduler"})
+        live = None  # the trial's live MLflow run, where its folder is on this machine
+        if ctx.mlflow and (out / LIVE_RUN_FILE).is_file():
+            from raysent.tracking import LiveRun
+
+            live = LiveRun(ctx.mlflow.uri, (out / LIVE_RUN_FILE).read_text().strip())
+        save_record(path, rec, cfg, ctx, live=live, status="KILLED", tags={"stopped_by": "scheduler"})
         if rec.best_model_dir:  # its best model is kept: the checkpoints go as a finished trial's do
             drop_checkpoints(cfg)
         return path

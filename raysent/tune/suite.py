@@ -198,6 +198,18 @@ def estimate_seconds(cfg: ExperimentConfig, arm: str, est: Estimate) -> dict:
             "gpu_seconds": run_seconds * gpus}
 
 
+def rough_estimate(cfg: ExperimentConfig, searched: bool) -> dict[str, Any]:
+    """Wall time by the suite's default cost model (``raysent.tune.suite.Estimate``): a rough figure, say so."""
+    try:
+        e = estimate_seconds(cfg, "searched" if searched else "paper", Estimate())
+    except RaysentError as exc:
+        return {"unknown": str(exc)}
+    return {"optimizer steps per run": e["steps_per_run"], "runs": e["search_runs"] + e["final_runs"],
+            "wall minutes": round(e["seconds"] / 60, 1),
+            "model": "1 s per step at batch 64 × length 32 (CPU), scaled by batch × length; a suite file's "
+                     "`estimate` calibrates it"}
+
+
 # --------------------------------------------------------------------------- what a run reads
 def sources(cfg: ExperimentConfig) -> dict[str, str]:
     """Every model and data split an experiment reads, and where from: a local path, or the hub (a download)."""

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict
 from raysent.config import ExperimentConfig, hyperparameters, parse_config, with_overrides
 from raysent.io import write_json_atomic
 from raysent.train.loop import TrainHooks
-from raysent.train.records import RunRecord, learned
+from raysent.train.records import RunRecord, TrainSummary, diverged, learned
 from raysent.tune.space import config_id, decode
 
 RECORD_KEY = "raysent_record"  # the result key a finished trial sends its record in (see run_trial)
@@ -49,12 +49,17 @@ class TrialContext(BaseModel):
 
 
 class TuneHooks(TrainHooks):
-    """The loop in the trial's own process: checkpoints in the run's folder, metrics to Tune."""
+    """The loop in the trial's own process: checkpoints in the run's folder, metrics to Tune and to the
+    trial's live MLflow run (``live``, set by the trial before it trains)."""
+
+    live = None  # raysent.tracking.LiveRun of the trial this process runs now
 
     def report(self, metrics: dict, checkpoint_dir) -> None:
         from ray import tune
 
         super().report(metrics, checkpoint_dir)
+        if TuneHooks.live is not None and "step" in metrics:
+            TuneHooks.live.log(metrics, metrics["step"])
         tune.report({k: v for k, v in metrics.items() if isinstance(v, (int, float, bool))})
 
 
@@ -76,19 +81,29 @@ def resolve_trial(config: dict, ctx: TrialContext, trial_id: str) -> tuple[dict,
     return hp, seed, config_id(hp), cfg
 
 
-def build_record(ctx: TrialContext, cfg: ExperimentConfig, hp: dict, seed: int, trial_id: str, summary: dict,
-                 **more) -> RunRecord:
-    """The run record of one (configuration, seed) from its run summary (``more``: the final phase's scores,
-    the times, ``stopped``)."""
+def training_fields(summary: TrainSummary) -> dict[str, Any]:
+    """The run record's fields that come from the training summary."""
+    return dict(transductive=summary.transductive, best_dev_spearman=summary.best_dev_spearman,
+                best_step=summary.best_step, initial_dev=summary.initial_dev, dev_curve=summary.dev_curve,
+                final_step=summary.final_step, train_seconds=summary.train_seconds,
+                sentences_per_second=summary.sentences_per_second, workers=summary.workers,
+                best_model_dir=summary.best_model_dir)
+
+
+def trial_identity(ctx: TrialContext, hp: dict, seed: int, trial_id: str) -> dict[str, Any]:
+    """What names one (configuration, seed) before it trains: its MLflow run's name and tags."""
+    return {"phase": ctx.phase, "hp": hp, "seed": seed, "config_id": config_id(hp), "trial_id": trial_id}
+
+
+def build_record(ctx: TrialContext, cfg: ExperimentConfig, hp: dict, seed: int, trial_id: str,
+                 **fields) -> RunRecord:
+    """The run record of one (configuration, seed) (``fields``: :func:`training_fields` of its summary, or
+    what a stopped trial reported; the final phase's scores, the times, ``stopped``)."""
     return RunRecord(
         experiment=ctx.experiment, phase=ctx.phase, search=ctx.run, config_id=config_id(hp), hp=hp, seed=seed,
         trial_id=trial_id, method=cfg.method, model=cfg.model.name, hyperparameters=hyperparameters(cfg),
-        config=cfg.to_dict(), transductive=summary.get("transductive"),
-        best_dev_spearman=summary["best_dev_spearman"], best_step=summary.get("best_step"),
-        initial_dev=summary.get("initial_dev"), dev_curve=summary.get("dev_curve", []),
-        final_step=summary.get("final_step"), learned=learned(cfg.method, summary.get("best_step")),
-        train_seconds=summary.get("train_seconds"), sentences_per_second=summary.get("sentences_per_second"),
-        workers=summary.get("workers"), best_model_dir=summary.get("best_model_dir"), **more)
+        config=cfg.to_dict(), learned=learned(cfg.method, fields.get("best_step")),
+        diverged=diverged(fields.get("initial_dev"), fields.get("dev_curve") or []), **fields)
 
 
 def record_path(ctx: TrialContext, record: RunRecord, stopped: bool = False) -> Path:
@@ -99,16 +114,33 @@ def record_path(ctx: TrialContext, record: RunRecord, stopped: bool = False) -> 
     return Path(ctx.exp_dir) / "runs" / f"{name}.json"
 
 
-def save_record(path: Path, record: RunRecord, cfg: ExperimentConfig, ctx: TrialContext, **mlflow_run) -> dict:
-    """Write the run record (atomic), log its MLflow run (``mlflow_run``: status, tags) and write it again
-    with the run's id: the record is on disk even when MLflow fails. Returns the record as written."""
+LIVE_RUN_FILE = "mlflow_run_id"  # in a trial's output folder: the id of its live MLflow run
+
+
+def open_live_run(ctx: TrialContext, cfg: ExperimentConfig, identity: dict):
+    """The trial's MLflow run, opened (or, for a trial resumed from its checkpoint, reopened) before it
+    trains; None without tracking."""
+    from raysent.tracking import LiveRun
+
+    m = ctx.mlflow
+    if not m:
+        return None
+    return LiveRun.open(m.uri, m.experiment_id, cfg, identity, m.parent, cfg.output_dir() / LIVE_RUN_FILE)
+
+
+def save_record(path: Path, record: RunRecord, cfg: ExperimentConfig, ctx: TrialContext, live=None,
+                **mlflow_run) -> dict:
+    """Write the run record (atomic), end its MLflow run (``live``, else one written at once;
+    ``mlflow_run``: status, tags) and write it again with the run's id: the record is on disk even when
+    MLflow fails. Returns the record as written."""
     from raysent.tracking import log_training_run
 
     data = record.to_json()
     write_json_atomic(path, data)
     m = ctx.mlflow
     if m:
-        data["mlflow_run_id"] = log_training_run(m.uri, m.experiment_id, cfg, data, m.parent, **mlflow_run)
+        data["mlflow_run_id"] = (live.finish(cfg, data, **mlflow_run) if live is not None else
+                                 log_training_run(m.uri, m.experiment_id, cfg, data, m.parent, **mlflow_run))
         write_json_atomic(path, data)
     return data
 

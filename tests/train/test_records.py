@@ -12,7 +12,15 @@ import pytest
 from raysent.cli import main
 from raysent.errors import RaysentError
 from raysent.report.runs import read_run
-from raysent.train.records import SCHEMA_VERSION, RunRecord, learned, read_record, validate_record
+from raysent.train.records import (
+    SCHEMA_VERSION,
+    RunRecord,
+    TrainSummary,
+    learned,
+    read_record,
+    read_summary,
+    validate_record,
+)
 
 from conftest import REPO
 
@@ -93,3 +101,22 @@ def test_learned_is_step_zero_or_not():
     assert learned("supcon", 0) is False and learned("supcon", 20) is True
     assert learned("baseline", 0) is None and learned("supcon", None) is None
     assert RunRecord.model_fields["schema_version"].default == SCHEMA_VERSION
+
+
+def _summary(**more) -> dict:
+    return {"method": "simcse-unsup", "best_dev_spearman": 71.5, "best_step": 20, "final_step": 30,
+            "total_steps": 30, "train_seconds": 12.0, "workers": 1, "device": "cpu", "torch_threads": 2,
+            "precision": "fp32", **more}
+
+
+def test_a_training_summary_round_trips_and_refuses_unknown_fields(tmp_path):
+    s = TrainSummary.model_validate(_summary(dev_curve=[{"step": 0, "dev_spearman": 60.0}]))
+    (tmp_path / "result.json").write_text(json.dumps(s.to_json()))
+    assert read_summary(tmp_path / "result.json") == s
+    # a field the loop or the driver added without the schema knowing it is an error, not a silent extra key
+    (tmp_path / "result.json").write_text(json.dumps(_summary(best_dev=1.0)))
+    with pytest.raises(RaysentError, match=r"result.json: not a valid training summary: field 'best_dev'"):
+        read_summary(tmp_path / "result.json")
+    (tmp_path / "result.json").write_text(json.dumps({k: v for k, v in _summary().items() if k != "best_step"}))
+    with pytest.raises(RaysentError, match="field 'best_step': Field required"):
+        read_summary(tmp_path / "result.json")

@@ -74,18 +74,18 @@ def _small(tmp_path, name, **over):
 def test_seeded_and_resumes_exactly_after_a_crash(tmp_path):
     ref = train_in_process(_small(tmp_path, "ref"), quiet=True)
     again = train_in_process(_small(tmp_path, "again"), quiet=True)
-    assert again["loss_curve"] == ref["loss_curve"]  # same seed, same loss curve
+    assert again.loss_curve == ref.loss_curve  # same seed, same loss curve
     crashed = _small(tmp_path, "crash")
     with pytest.raises(RuntimeError, match="injected failure at step 6"):
         train_in_process(crashed, quiet=True, fail_at_step=6)
     resumed = train_in_process(crashed, resume=True, quiet=True)
-    assert resumed["final_step"] == 12
-    assert resumed["resumed_from"] == str(crashed.output_dir() / "checkpoint") and ref["resumed_from"] is None
-    assert [c["dev_spearman"] for c in resumed["dev_curve"]] == [c["dev_spearman"] for c in ref["dev_curve"]]
-    assert resumed["best_dev_spearman"] == ref["best_dev_spearman"]
-    assert resumed["loss_curve"] == ref["loss_curve"]
+    assert resumed.final_step == 12
+    assert resumed.resumed_from == str(crashed.output_dir() / "checkpoint") and ref.resumed_from is None
+    assert [c["dev_spearman"] for c in resumed.dev_curve] == [c["dev_spearman"] for c in ref.dev_curve]
+    assert resumed.best_dev_spearman == ref.best_dev_spearman
+    assert resumed.loss_curve == ref.loss_curve
     other_seed = train_in_process(_small(tmp_path, "seed7", seed=7), quiet=True)
-    assert other_seed["loss_curve"] != ref["loss_curve"]
+    assert other_seed.loss_curve != ref.loss_curve
 
 
 def test_help_of_every_command():

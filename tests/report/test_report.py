@@ -24,9 +24,10 @@ from raysent.report.compare import compare
 from raysent.report.runs import load_experiment, resolve
 from raysent.report.table import build_table, escape_latex, escape_markdown
 
+from conftest import SHARED
+
 TASKS = ["sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr"]
 LABELS = ["STS12", "STS13", "STS14", "STS15", "STS16", "STS-B", "SICK-R"]
-SHARED = Path(__file__).resolve().parents[2] / "shared"
 
 
 def value(cid: str, seed: int, task: str, kind: str = "spearman_all") -> float:
@@ -426,3 +427,21 @@ def test_eval_layers_refuses_a_pooling_or_other_tasks(capsys):
     assert "cannot be combined with --tasks or --pooling" in capsys.readouterr().err
     assert main(["eval", "--model", "paraphrase-MiniLM-L3-v2", "--plot", "x.png"]) == 2
     assert "add --layers" in capsys.readouterr().err
+
+
+def test_an_experiment_searched_twice_compares_its_newest_search(tmp_path):
+    """The README's `raysent compare` after its main job ran twice: the same configuration ids in two searches
+    would pair seed 1 with seed 1 twice; the newest search is taken, and a glob picks the older one."""
+    root = tmp_path / "results"
+    for search, shift in (("20260101-000000", 0.0), ("20260202-000000", 5.0)):
+        for cid in ("aaaa", "bbbb"):
+            for s in (1, 2):
+                curve = [{"step": 0, "dev_spearman": 50.0}, {"step": 10, "dev_spearman": 60.0 + shift + s + len(cid)}]
+                write_run(root, "two", cid, s, {"temperature": 0.05 if cid == "aaaa" else 0.1}, phase="search",
+                          search=search, dev_curve=curve)
+    for a, b in (("aaaa", "bbbb"), ("two:aaaa", "two:bbbb")):
+        res = compare([a, b], root, phase="search")
+        assert res["baseline"]["search"] == "20260202-000000" and res["baseline"]["seeds"] == [1, 2]
+        assert res["comparisons"][0]["tasks"]["dev"]["a_mean"] == pytest.approx(np.mean([69.0 + 1, 69.0 + 2]))
+    old = compare([str(root / "two" / "runs" / "search-20260101-*-aaaa-*.json"), "bbbb"], root, phase="search")
+    assert old["baseline"]["search"] == "20260101-000000"

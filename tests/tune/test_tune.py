@@ -114,6 +114,21 @@ def test_search_seeds_failures_final_phase_and_mlflow(ray_cluster, tmp_path):
         curve = client.get_metric_history(rec["mlflow_run_id"], "dev_spearman")
         assert [m.step for m in curve] == [p["step"] for p in rec["dev_curve"]] == [2, 4]
     assert all(f"sts/{t}" in runs[r["mlflow_run_id"]].data.metrics for r in final for t in ("stsb", "sickr"))
+    # ... named by what differs, with the outcome as tags; a configuration's run has the seeds it averages,
+    # not one seed; every run ended, the search's parent as FINISHED; artifacts under results/, not ./mlruns
+    for rec in records:
+        run = runs[rec["mlflow_run_id"]]
+        assert run.info.run_name.endswith(f"· seed {rec['seed']}") and "temperature=0.05" in run.info.run_name
+        assert run.data.tags["learned"] == str(rec["learned"]).lower() and run.data.tags["diverged"] == "unknown"
+        assert run.info.status == "FINISHED"
+        config_run = runs[run.data.tags["mlflow.parentRunId"]]
+        assert "seed" not in config_run.data.params and json.loads(config_run.data.params["seeds"]) == [7, 8]
+    assert client.get_experiment(exp_id).artifact_location == (tmp_path / "results" / "mlartifacts").as_uri()
+    assert {r.info.status for r in runs.values()} <= {"FINISHED", "FAILED"}
+    # the two failed trials are there too, FAILED, with their reason
+    failed_runs = [r for r in runs.values() if r.info.status == "FAILED"]
+    assert len(failed_runs) == 2 and all("loss became nan" in r.data.tags["error"] for r in failed_runs)
+    assert all("temperature=1e-45" in r.info.run_name for r in failed_runs)
 
 
 RESUME_SEARCH = """\

@@ -18,6 +18,7 @@ import torch
 
 from raysent.config import load_config, parse_config, with_overrides
 from raysent.data.batching import local_part
+from raysent.train.records import TrainSummary
 
 from conftest import RAW_BERT, json_summary_last, run_cli
 
@@ -149,13 +150,14 @@ def two_worker_run(ray_cluster, tmp_path_factory):
     (tmp / "exp.yaml").write_text(CONFIG)
     proc = run_cli("train", str(tmp / "exp.yaml"), "--output-dir", str(tmp / "run"), "--format", "json",
                    env={"RAY_ADDRESS": ray_cluster}, one_stream=True)
-    return tmp, json_summary_last(proc.stdout, before="(RayTrainWorker")
+    # the CLI's JSON is a training summary as the library returns it
+    return tmp, TrainSummary.model_validate(json_summary_last(proc.stdout, before="(RayTrainWorker"))
 
 
 def test_raysent_train_on_two_workers_improves_the_raw_encoder(two_worker_run):
     tmp, summary = two_worker_run
-    untuned, best = summary["initial_dev"]["dev_spearman"], summary["best_dev_spearman"]
-    assert summary["workers"] == 2 and summary["final_step"] == 20
+    untuned, best = summary.initial_dev["dev_spearman"], summary.best_dev_spearman
+    assert summary.workers == 2 and summary.final_step == 20
     assert best > untuned + 2, (untuned, best)
     assert (tmp / "run" / "best" / "config.json").is_file()
     ev = json.loads(run_cli("eval", "--model", str(tmp / "run" / "best"), "--split", "dev", "--format", "json").stdout)
@@ -188,24 +190,24 @@ def test_a_dying_worker_is_replaced_and_the_run_resumes_exactly(two_worker_run):
     # Ray Train's Ctrl-C handler for the run is gone with it, and with it the finished run's controller actor
     assert signal.getsignal(signal.SIGINT) is sigint
     assert wait_for(lambda: not set(controllers()) - set(before)), controllers()
-    assert summary["resumed_at_step"] == 10  # replaced, and resumed from the step-10 checkpoint
-    assert uninterrupted["resumed_at_step"] is uninterrupted["resumed_from"] is None
+    assert summary.resumed_at_step == 10  # replaced, and resumed from the step-10 checkpoint
+    assert uninterrupted.resumed_at_step is uninterrupted.resumed_from is None
     # read where Ray keeps it in the run's folder (a copy per worker and restart would be a model and its
     # optimizer state of disk each, left behind by a worker that dies)
     ray_run = tmp / "crash" / "ray" / "run"
-    assert Path(summary["resumed_from"]).is_relative_to(ray_run) and not list(ray_run.rglob(".restore-*"))
-    assert summary["final_step"] == uninterrupted["final_step"] == 20
-    assert summary["best_dev_spearman"] == pytest.approx(uninterrupted["best_dev_spearman"], abs=1e-9)
-    assert [c["dev_spearman"] for c in summary["dev_curve"]] == pytest.approx(
-        [c["dev_spearman"] for c in uninterrupted["dev_curve"]], abs=1e-9)
+    assert Path(summary.resumed_from).is_relative_to(ray_run) and not list(ray_run.rglob(".restore-*"))
+    assert summary.final_step == uninterrupted.final_step == 20
+    assert summary.best_dev_spearman == pytest.approx(uninterrupted.best_dev_spearman, abs=1e-9)
+    assert [c["dev_spearman"] for c in summary.dev_curve] == pytest.approx(
+        [c["dev_spearman"] for c in uninterrupted.dev_curve], abs=1e-9)
     # --resume of a run that has finished: nothing left to train, the same result and best model again
-    first_final = Path(summary["ray"]["checkpoint"]) / "summary.json"
+    first_final = Path(summary.ray["checkpoint"]) / "summary.json"
     before = first_final.read_text()
     again = train_with_ray(cfg, resume=True, quiet=True)
-    assert again["resumed_at_step"] == again["final_step"] == 20
-    assert again["resumed_from"] == summary["ray"]["checkpoint"]
+    assert again.resumed_at_step == again.final_step == 20
+    assert again.resumed_from == summary.ray["checkpoint"]
     assert first_final.read_text() == before  # the checkpoint it was read from is left as it was
-    assert again["best_dev_spearman"] == pytest.approx(summary["best_dev_spearman"], abs=1e-9)
+    assert again.best_dev_spearman == pytest.approx(summary.best_dev_spearman, abs=1e-9)
     assert (tmp / "crash" / "best" / "config.json").is_file()
 
     # what a search does with a trial the scheduler stopped: its best model out of its newest checkpoint, then
@@ -215,7 +217,7 @@ def test_a_dying_worker_is_replaced_and_the_run_resumes_exactly(two_worker_run):
     shutil.rmtree(tmp / "crash" / "best")
     assert take_best_model_of_run(cfg)
     kept = json.loads((tmp / "crash" / "best" / "raysent.json").read_text())
-    assert kept["dev_spearman"] == pytest.approx(again["best_dev_spearman"], abs=1e-9)
+    assert kept["dev_spearman"] == pytest.approx(again.best_dev_spearman, abs=1e-9)
     delete_checkpoints(cfg)
     assert not (tmp / "crash" / "ray").exists() and (tmp / "crash" / "best" / "model.safetensors").is_file()
     assert not take_best_model_of_run(cfg)

@@ -1,8 +1,8 @@
 """A real multi-node Ray cluster on this machine: `ray start --head` plus a second node with its own
 resources, both on loopback, and a tiny `raysent tune --address` against it (two trials at once, one
 CPU per node, so each node runs one), with Tune's storage in a folder the driver never created (as on a
-cluster, where it is shared storage). Ray Train inside Tune trials is covered by tests/test_tune.py and
-the 2-worker runs by tests/test_ray_train.py; here the trials train in their own process to keep it short."""
+cluster, where it is shared storage). Ray Train inside Tune trials is covered by tests/tune/test_tune.py and
+the 2-worker runs by tests/train/test_ray_train.py; here the trials train in their own process to keep it short."""
 
 from __future__ import annotations
 

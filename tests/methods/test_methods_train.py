@@ -25,6 +25,7 @@ import pytest
 import torch
 
 from raysent.config import parse_config
+from raysent.train.records import TrainSummary
 from raysent.train.run import delete_checkpoints, train_in_process
 
 from conftest import RAW_BERT
@@ -128,7 +129,7 @@ def _config(case_id: str, out: Path):
 
 
 @functools.cache
-def _run_cached(case_id: str, out: str) -> dict:
+def _run_cached(case_id: str, out: str) -> TrainSummary:
     cfg = _config(case_id, Path(out))
     summary = train_in_process(cfg, quiet=True)
     delete_checkpoints(cfg)  # as a search does with a finished trial (and the module's runs take less disk)
@@ -140,12 +141,12 @@ def runs_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("methods")
 
 
-def _run(case_id: str, runs_dir: Path) -> dict:
+def _run(case_id: str, runs_dir: Path) -> TrainSummary:
     return _run_cached(case_id, str(runs_dir / case_id))
 
 
-def _untuned(summary: dict) -> float:
-    return summary["initial_dev"]["dev_spearman"]
+def _untuned(summary: TrainSummary) -> float:
+    return summary.initial_dev["dev_spearman"]
 
 
 @pytest.mark.slow
@@ -158,12 +159,12 @@ def test_finishes_and_saves_a_loadable_model(case_id, runs_dir):
     summary = _run(case_id, runs_dir)
     case = CASES[case_id]
     steps = case["steps"] if case["method"] != "baseline" else 0
-    assert summary["final_step"] == steps
-    assert summary["initial_dev"] is not None and math.isfinite(_untuned(summary))
-    assert math.isfinite(summary["best_dev_spearman"]) and summary["best_step"] >= 0
+    assert summary.final_step == steps
+    assert summary.initial_dev is not None and math.isfinite(_untuned(summary))
+    assert math.isfinite(summary.best_dev_spearman) and summary.best_step >= 0
     if case["method"] != "baseline":
-        assert [c["step"] for c in summary["dev_curve"]] == [0, steps]
-    best = Path(summary["best_model_dir"])
+        assert [c["step"] for c in summary.dev_curve] == [0, steps]
+    best = Path(summary.best_model_dir)
     assert (best / "config.json").is_file() and (best / "raysent.json").is_file()
     meta = json.loads((best / "raysent.json").read_text())
     expected_method = "consert" if case_id in TWO_STAGE else case["method"]
@@ -172,11 +173,11 @@ def test_finishes_and_saves_a_loadable_model(case_id, runs_dir):
     enc = Encoder.load(str(best))
     assert enc.meta.pooling == EVAL_POOLING[case_id]
     if case_id in TWO_STAGE:
-        assert [s["stage"] for s in summary["stages"]] == [
+        assert [s["stage"] for s in summary.stages] == [
             "stage1-sbert-nli" if case_id == "consert-sup-unsup" else "stage1-joint", "stage2-unsup"]
     # the resume checkpoints of every stage are gone, every stage's best model stays
     assert not list((runs_dir / case_id).rglob("state.pt"))
-    for stage in summary.get("stages", []):
+    for stage in summary.stages or []:
         assert (Path(stage["output_dir"]) / "best" / "config.json").is_file()
 
 
@@ -187,7 +188,7 @@ def test_reloaded_model_embeds(case_id, runs_dir):
     from raysent.models.encoder import Encoder
 
     summary = _run(case_id, runs_dir)
-    enc = Encoder.load(summary["best_model_dir"])
+    enc = Encoder.load(summary.best_model_dir)
     tok = enc.tokenizer(["A man is playing a guitar.", "Two dogs run on the beach."], padding=True,
                         return_tensors="pt")
     with torch.inference_mode():
@@ -197,7 +198,7 @@ def test_reloaded_model_embeds(case_id, runs_dir):
 
 def _dev_gain(case_id: str, runs_dir: Path) -> tuple[float, float]:
     summary = _run(case_id, runs_dir)
-    return _untuned(summary), summary["best_dev_spearman"]
+    return _untuned(summary), summary.best_dev_spearman
 
 
 @pytest.mark.slow
@@ -213,12 +214,12 @@ def test_measured_falls(case_id, runs_dir):
     """The measured finding (FALLS): training ends more than a point below the untuned model, so the run's
     best checkpoint is the untouched encoder (a run that learned nothing)."""
     summary = _run(case_id, runs_dir)
-    before, last = _untuned(summary), summary["dev_curve"][-1]["dev_spearman"]
+    before, last = _untuned(summary), summary.dev_curve[-1]["dev_spearman"]
     assert last < before - 1.0, f"{case_id}: STS-B dev {before:.2f} -> {last:.2f}: {FALLS[case_id]}"
-    assert summary["best_step"] == 0
+    assert summary.best_step == 0
 
 
 @pytest.mark.slow
 def test_baseline_is_the_untuned_model(runs_dir):
     summary = _run("baseline", runs_dir)
-    assert summary["best_dev_spearman"] == _untuned(summary) and summary["best_step"] == 0
+    assert summary.best_dev_spearman == _untuned(summary) and summary.best_step == 0

@@ -39,7 +39,8 @@ import ray
 import yaml
 from click.testing import CliRunner
 
-REPO = Path(__file__).resolve().parents[1]
+from conftest import REPO
+
 CLUSTERS = REPO / "clusters"
 README = REPO / "docs" / "cluster.md"  # the cluster guide
 README_SECTION = "## Scale out: a Ray cluster"

@@ -1,0 +1,185 @@
+"""Checks before any training (`raysent train`, `raysent tune`, and their ``--dry-run``).
+
+A search that cannot work should say so once, before Ray starts a trial, not in every trial's traceback:
+the model resolves and its config, tokenizer and weights file are there; every data spec a run reads
+loads, with its row count; the largest batch the run (or its search space) asks for fits the training
+data; the resources one trial asks for exist on this machine or in the Ray cluster. Every problem found is
+listed in one :class:`PreflightError` (exit status 2).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from raysent.config import ExperimentConfig, with_overrides
+from raysent.errors import RaysentError
+
+
+class PreflightError(RaysentError):
+    """What would fail in every trial, found before any trial started."""
+
+
+def stage_configs(cfg: ExperimentConfig) -> list[ExperimentConfig]:
+    """The config of every stage of a run (one for most methods; a later stage's model is the earlier one's
+    output, so the first stage's model stands for it)."""
+    from raysent.methods import get_method
+    from raysent.methods.base import PREVIOUS_STAGE_BEST
+
+    stages = get_method(cfg.method).stages(cfg) or [(None, {})]
+    return [with_overrides(cfg, {k: v for k, v in ov.items() if v != PREVIOUS_STAGE_BEST}) for _, ov in stages]
+
+
+def batch_sizes(cfg: ExperimentConfig) -> list[int]:
+    """Every global batch size a run of ``cfg`` may use: the fixed one, and those its search space can pick."""
+    sizes = {cfg.train.batch_size}
+    if cfg.search is not None:
+        for key, entry in cfg.search.space.items():
+            if key.split(".")[-1] == "batch_size":
+                sizes.update(int(v) for v in (entry.values or [entry.low, entry.high]) if v is not None)
+    return sorted(sizes)
+
+
+def trial_resources(cfg: ExperimentConfig) -> dict[str, float]:
+    """What one run (one Tune trial) asks Ray for, in all."""
+    r = cfg.resources
+    if r.workers:
+        return {"CPU": r.trial_cpus + r.workers * r.cpus_per_worker, "GPU": r.workers * r.gpus_per_worker}
+    return {"CPU": r.cpus_per_worker, "GPU": r.gpus_per_worker}
+
+
+def available_resources() -> tuple[dict[str, float], str]:
+    """CPUs and GPUs of the Ray this process is connected to, else of this machine; and where they were read."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            res = ray.cluster_resources()
+            return {"CPU": float(res.get("CPU", 0)), "GPU": float(res.get("GPU", 0))}, "the Ray cluster"
+    except ImportError:
+        pass
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return {"CPU": float(os.cpu_count() or 1), "GPU": float(gpus)}, "this machine"
+
+
+def check_resources(cfg: ExperimentConfig) -> dict[str, Any]:
+    """Whether one trial's resources exist; a cluster joined by address may grow (autoscaler), so there a
+    shortfall is a note, not an error. Returns what was checked; raises on a local shortfall."""
+    need = trial_resources(cfg)
+    remote = bool(cfg.resources.address or os.environ.get("RAY_ADDRESS"))
+    try:
+        import ray
+
+        joined = ray.is_initialized()
+    except ImportError:
+        joined = False
+    if remote and not joined:
+        return {"per trial": need, "available": "not checked (a Ray cluster is joined only when the run starts)"}
+    have, where = available_resources()
+    per = {"CPU": "cpus_per_worker", "GPU": "gpus_per_worker"}
+    asked = {k: (f"resources.trial_cpus + workers × {per[k]}" if k == "CPU" else f"resources.workers × {per[k]}")
+             if cfg.resources.workers else f"resources.{per[k]}" for k in per}
+    short = [f"{k} {need[k]:g} ({asked[k]}), {where} has {have[k]:g}" for k in per if need[k] > have[k] + 1e-9]
+    if short and not remote:
+        raise PreflightError("resources: one trial asks for more than there is: " + "; ".join(short)
+                             + ". Lower resources.workers / cpus_per_worker / gpus_per_worker, or join a bigger "
+                             "Ray cluster (--address or resources.address)")
+    out: dict[str, Any] = {"per trial": need, "available": {**have, "in": where}}
+    if short:
+        out["note"] = ("more than the cluster has now: it waits for the autoscaler to add nodes; "
+                       + "; ".join(short))
+    return out
+
+
+def check_data(cfg: ExperimentConfig) -> dict[str, Any]:
+    """Every data spec the run reads (the training data of each stage, the dev sets) with its row count;
+    the largest batch against the training data."""
+    from raysent.data import load
+    from raysent.methods import get_method
+
+    rows: dict[str, Any] = {}
+    problems: list[str] = []
+    for stage in stage_configs(cfg):
+        method = get_method(stage.method)
+        spec = stage.data.train
+        if spec is None or spec in rows:
+            continue
+        try:
+            n = len(load(spec, method.data_kind(stage.method_params)))
+        except RaysentError as exc:
+            problems.append(f"data.train: {exc}")
+            continue
+        used = min(n, stage.data.max_train_samples or n)
+        rows[spec] = n if used == n else f"{n} ({used} used: data.max_train_samples)"
+        if not getattr(method, "trains", True):
+            continue
+        big = max(batch_sizes(stage))
+        if used < big:
+            problems.append(f"data.train {spec!r}: {used} training example(s), fewer than the batch size {big} "
+                            f"(train.batch_size or the search space): not one full batch. Lower the batch size "
+                            "or train on more data")
+        elif stage.resources.workers and big < stage.resources.workers:
+            problems.append(f"train.batch_size {big} is split over resources.workers={stage.resources.workers}: "
+                            "at least one example per worker is needed")
+    for spec in cfg.data.dev:
+        if spec in rows:
+            continue
+        try:
+            rows[spec] = len(load(spec, "scored_pairs"))
+        except RaysentError as exc:
+            problems.append(f"data.dev: {exc}")
+    if problems:
+        raise PreflightError("; ".join(problems))
+    return rows
+
+
+def check_writable(path: str | Path, field: str) -> str:
+    """Whether results can be written under ``path`` (its nearest existing folder is writable)."""
+    p = Path(path).expanduser().resolve()
+    here = p
+    while not here.exists() and here != here.parent:
+        here = here.parent
+    try:
+        if not here.is_dir():
+            raise NotADirectoryError(f"{here} is not a folder")
+        with tempfile.TemporaryFile(dir=here):
+            pass
+    except OSError as exc:
+        raise PreflightError(f"{field}: {p} cannot be written ({here}: {exc.strerror or exc}). Point it at a "
+                             f"writable folder: --set {field}=PATH") from None
+    return str(p)
+
+
+def preflight(cfg: ExperimentConfig, resources: bool = True, output_dir: bool = False) -> dict[str, Any]:
+    """Run every check (``output_dir``: also that train.output_dir can be written, for `raysent train`); one
+    :class:`PreflightError` listing every problem, else what was found."""
+    from raysent.models.encoder import check_model
+
+    found: dict[str, Any] = {}
+    problems: list[str] = []
+    models = dict.fromkeys(s.model.name for s in stage_configs(cfg))
+    for name in models:
+        try:
+            found[f"model {name}"] = check_model(name)
+        except RaysentError as exc:
+            problems.append(str(exc))
+    checks = {"results": lambda c: check_writable(c.tracking.results_dir, "tracking.results_dir"),
+              "data": check_data, "resources": check_resources if resources else None}
+    if output_dir:
+        checks["output"] = lambda c: check_writable(c.output_dir(), "train.output_dir")
+    for what, check in checks.items():
+        if check is None:
+            continue
+        try:
+            found[what] = check(cfg)
+        except RaysentError as exc:
+            problems.append(str(exc))
+    if problems:
+        raise PreflightError(("checked before any training, and found:\n  - " if len(problems) > 1
+                              else "checked before any training: ") + "\n  - ".join(problems))
+    return found
+

@@ -1,0 +1,169 @@
+"""Checks before any training: `raysent train`/`tune` (and --dry-run) find a missing model, weights, data, a
+batch larger than the data, missing resources and an unwritable results folder, each named, exit 2, before
+Ray starts; a search whose first trials all fail the same way stops with that one error."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from raysent.errors import ModelError
+from raysent.models.encoder import Encoder, check_model
+from raysent.preflight import PreflightError, batch_sizes, preflight
+from raysent.tune.failfast import FailFast, describe
+
+from conftest import RAW_BERT, SHARED, run_cli
+
+QUICK = "search_spaces/quick.yaml"
+
+
+@pytest.mark.shared
+def test_tune_dry_run_reports_every_problem_at_once_and_exits_2(tmp_path):
+    results = tmp_path / "results"
+    proc = run_cli("tune", QUICK, "--dry-run", "--set", "model.name=no-such-model",
+                   "--set", "data.max_train_samples=20", "--set", "resources.gpus_per_worker=1",
+                   "--set", f"tracking.results_dir={results}", check=False)
+    assert proc.returncode == 2, proc.stderr
+    err = proc.stderr
+    assert "Traceback" not in err and err.count("\n  - ") == 3, err
+    assert "model 'no-such-model' not found" in err and "--set model.name=PATH" in err and "--model" not in \
+        err.replace("`raysent eval --model PATH`", "")
+    assert "'stsb-unlabeled': 20 training example(s), fewer than the batch size 32" in err
+    assert "GPU 1 (resources.gpus_per_worker), this machine has 0" in err
+    assert not results.exists()  # nothing written
+
+
+@pytest.mark.shared
+def test_dry_runs_print_row_counts_and_an_estimate(tmp_path):
+    proc = run_cli("tune", QUICK, "--dry-run", "--format", "json", "--set", f"tracking.results_dir={tmp_path}")
+    plan = json.loads(proc.stdout)
+    assert plan["checked"]["data"] == {"stsb-unlabeled": "17256 (4000 used: data.max_train_samples)",
+                                       "stsb:dev": 1500}
+    assert plan["checked"][f"model {RAW_BERT}"]["layers"] == 4
+    # 6 search trials + 2 final runs of 60 steps
+    assert plan["estimate"]["runs"] == 8 and plan["estimate"]["optimizer steps per run"] == 60
+    proc = run_cli("train", QUICK, "--dry-run", "--format", "json", "--set", f"train.output_dir={tmp_path / 'run'}")
+    checked = json.loads(proc.stdout)["checked"]
+    assert checked["output"] == str(tmp_path / "run") and not (tmp_path / "run").exists()
+
+
+@pytest.mark.shared
+def test_a_model_folder_without_weights_is_named_as_such(tmp_path):
+    folder = tmp_path / "no-weights"
+    folder.mkdir()
+    for f in (SHARED / "models" / RAW_BERT).iterdir():
+        if f.is_file() and f.suffix in (".json", ".txt"):
+            shutil.copy(f, folder)
+    for attempt in (check_model, Encoder.load):
+        with pytest.raises(ModelError, match=r"has a config.json but no weights \(model.safetensors or "
+                                             r"pytorch_model.bin\)") as exc:
+            attempt(str(folder))
+        assert "hub" not in str(exc.value)
+    with pytest.raises(ModelError, match=r"model folder .*/gone does not exist"):
+        check_model(str(tmp_path / "gone"))
+
+
+@pytest.mark.shared
+def test_unwritable_results_and_an_unstarted_resume_leave_nothing_behind(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    for command in ("train", "tune"):
+        proc = run_cli(command, QUICK, "--set", f"tracking.results_dir={blocker / 'results'}", check=False)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert f"tracking.results_dir: {blocker / 'results'} cannot be written" in proc.stderr
+    proc = run_cli("tune", QUICK, "--resume", "--set", f"tracking.results_dir={tmp_path / 'r'}", check=False)
+    assert proc.returncode == 2 and "no search to resume" in proc.stderr
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.shared
+def test_preflight_takes_the_largest_searched_batch_and_every_stage(tmp_path):
+    from raysent.config import parse_config
+
+    raw = {"name": "p", "method": "simcse-unsup", "model": {"name": RAW_BERT},
+           "data": {"train": "stsb:dev", "max_train_samples": 100}, "train": {"batch_size": 16},
+           "tracking": {"results_dir": str(tmp_path)},
+           "search": {"space": {"batch_size": {"type": "choice", "values": [32, 128]}}}}
+    cfg = parse_config(raw)
+    assert batch_sizes(cfg) == [16, 32, 128]
+    with pytest.raises(PreflightError, match="100 training example.*fewer than the batch size 128"):
+        preflight(cfg)
+    # ConSERT sup-unsup: the NLI stage's data is read too
+    cfg = parse_config({"name": "c", "method": "consert", "model": {"name": RAW_BERT},
+                        "data": {"train": "stsb-unlabeled", "sup": "path:/nowhere/nli.jsonl"},
+                        "params": {"supervision": "sup-unsup"}, "tracking": {"results_dir": str(tmp_path)}})
+    with pytest.raises(PreflightError, match="/nowhere/nli.jsonl"):
+        preflight(cfg)
+
+
+class _Trial:
+    def __init__(self, error):
+        self.error = error
+
+    def get_pickled_error(self):
+        return self.error
+
+    def get_error(self):
+        return None
+
+
+class _Wrapped(Exception):
+    """Ray's wrapper of a trial's exception (RayTaskError keeps the original as ``cause``)."""
+
+    def __init__(self, cause):
+        super().__init__(f"Traceback ...\n{type(cause).__name__}: {cause}")
+        self.cause = cause
+
+
+def test_fail_fast_stops_only_when_the_first_n_trials_fail_the_same_way():
+    ff = FailFast(3)
+    for _ in range(2):
+        ff.on_trial_error(0, [], _Trial(_Wrapped(ModelError("model 'x' not found"))))
+    assert not ff.stop_all()
+    ff.on_trial_error(0, [], _Trial(_Wrapped(ModelError("model 'x' not found"))))
+    assert ff.stop_all() and ff.reason == ("ModelError", "model 'x' not found")
+    # a finished trial among the first three: the search goes on, whatever fails later
+    ff = FailFast(3)
+    ff.on_trial_error(0, [], _Trial(_Wrapped(ValueError("a"))))
+    ff.on_trial_complete(0, [], _Trial(None))
+    for _ in range(5):
+        ff.on_trial_error(0, [], _Trial(_Wrapped(ValueError("a"))))
+    assert not ff.stop_all()
+    # different error types: no single cause to report
+    ff = FailFast(2)
+    ff.on_trial_error(0, [], _Trial(ValueError("a")))
+    ff.on_trial_error(0, [], _Trial(KeyError("b")))
+    assert not ff.stop_all()
+    assert not FailFast(0).stop_all() and describe(None) == ("unknown", "no error recorded")
+
+
+@pytest.mark.slow
+@pytest.mark.shared
+def test_a_search_whose_first_trials_fail_alike_stops_with_that_error(ray_cluster, tmp_path):
+    """Every trial fails in training (a temperature so small that cos/τ overflows: the loss is NaN at the first
+    step, which no check before training can see): the search stops after search.fail_fast of them, with the
+    one error; MLflow has them FAILED with their reason, and the search's own run too."""
+    from mlflow.tracking import MlflowClient
+
+    from raysent.config import parse_config
+    from raysent.errors import RaysentError
+    from raysent.tune.search import tune_experiment
+
+    cfg = parse_config({
+        "name": "ff", "method": "simcse-unsup", "model": {"name": RAW_BERT},
+        "data": {"train": "stsb-unlabeled", "dev": "stsb:dev", "max_train_samples": 64},
+        "train": {"batch_size": 16, "max_steps": 2, "eval_at_start": False},
+        "resources": {"cpus_per_worker": 0.9}, "tracking": {"results_dir": str(tmp_path)},
+        "search": {"algorithm": "random", "num_samples": 6, "fail_fast": 2, "max_concurrent_trials": 1,
+                   "space": {"temperature": {"type": "choice", "values": [1.0e-45, 2.0e-45]}}}})
+    with pytest.raises(RaysentError, match=r"its first 2 trials all failed with NonFiniteLossError: the loss became nan"):
+        tune_experiment(cfg, quiet=True)
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("ff").experiment_id])
+    parent = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    trials = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert [r.info.status for r in parent] == ["FAILED"]
+    assert 2 <= len(trials) < 6 and {r.info.status for r in trials} == {"FAILED"}
+    assert all("the loss became nan" in r.data.tags["error"] for r in trials)
