@@ -16,6 +16,7 @@ clear message and exit with status 2; no traceback from inside a library.
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import sys
@@ -63,6 +64,15 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("raysent: interrupted", file=sys.stderr)
         return 130
+    except OSError as exc:
+        if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.ENOTDIR, errno.EISDIR,
+                             errno.EEXIST):
+            raise
+        # the folder a command writes to (results/, --output-dir) is read-only, full, or not a folder
+        where = exc.filename or "its output"
+        print(f"raysent: error: cannot write {where}: {exc.strerror}. Give a writable folder (--results-dir, "
+              f"--output-dir, or --set tracking.results_dir=PATH)", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

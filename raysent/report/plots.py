@@ -4,9 +4,9 @@
   (configuration × seed), one panel per phase.
 * ``search_hyperparameters.png``: each searched hyperparameter against the run's best dev score
   (a dot per seed, the mean ± sample std of each configuration).
-* ``optuna_importances.png`` / ``optuna_parallel_coordinate.png``: Optuna's own
-  ``optuna.visualization.matplotlib.plot_param_importances`` and ``plot_parallel_coordinate`` on the
-  study in ``results/<experiment>/optuna.db`` (study ``search-<search id>``).
+* ``optuna_importances.png``: Optuna's ``optuna.visualization.matplotlib.plot_param_importances`` on the
+  study in ``results/<experiment>/optuna.db`` (study ``search-<search id>``), from 8 completed trials on;
+  ``optuna_parallel_coordinate.png``: the study's trials in parallel coordinates (:func:`plot_parallel`).
 * the layer × pooling heatmap of :func:`raysent.eval.layers.layer_grid` (SG-BERT's Figure 1).
 
 matplotlib with the Agg backend (no display needed). Imports no Ray.
@@ -152,26 +152,93 @@ def load_study(results_dir: str | Path, experiment: str, search: str | None = No
     return optuna.load_study(study_name=name, storage=storage)
 
 
+MIN_IMPORTANCE_TRIALS = 8  # fANOVA's importances from fewer completed trials are noise, not a finding
+
+
 def plot_optuna(study, kind: str, path: str | Path) -> Path:
-    """Optuna's matplotlib ``plot_param_importances`` (kind importance) or ``plot_parallel_coordinate``."""
+    """Optuna's matplotlib ``plot_param_importances`` (kind importance; from
+    :data:`MIN_IMPORTANCE_TRIALS` completed trials on) or the parallel coordinates of the study
+    (:func:`plot_parallel`)."""
     import optuna
     from optuna.visualization import matplotlib as ovm
 
     done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     if len(done) < 2:
-        raise RaysentError(f"study {study.study_name}: {len(done)} completed trial(s); Optuna's {kind} plot needs 2")
+        raise RaysentError(f"study {study.study_name}: {len(done)} completed trial(s); the {kind} plot needs 2")
+    if kind == "parallel":
+        return plot_parallel(study.study_name, done, study.direction == optuna.study.StudyDirection.MAXIMIZE, path)
+    if kind != "importance":
+        raise ValueError(kind)
+    if len(done) < MIN_IMPORTANCE_TRIALS:
+        raise RaysentError(f"study {study.study_name}: {len(done)} completed trials; hyperparameter importances "
+                           f"need at least {MIN_IMPORTANCE_TRIALS} to mean anything (fANOVA fits a forest to them)")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # ExperimentalWarning of optuna.visualization.matplotlib
-        if kind == "importance":
-            ax = ovm.plot_param_importances(study)
-        elif kind == "parallel":
-            ax = ovm.plot_parallel_coordinate(study)
-        else:
-            raise ValueError(kind)
+        ax = ovm.plot_param_importances(study)
     ax = np.ravel(ax)[0] if isinstance(ax, np.ndarray) else ax
     fig = ax.figure
     fig.suptitle(f"{study.study_name} ({len(done)} trials; objective: mean dev Spearman over seeds)", fontsize=9)
     fig.set_size_inches(max(fig.get_size_inches()[0], 8), max(fig.get_size_inches()[1], 5))
+    return _save(fig, Path(path))
+
+
+def plot_parallel(name: str, trials: list, maximize: bool, path: str | Path) -> Path:
+    """Parallel coordinates of completed Optuna trials: one vertical axis per hyperparameter (log-scaled where
+    it was searched on a log scale, categories evenly spaced) and the objective last; a line per trial,
+    coloured by its objective (viridis: no line fades into the background), the best drawn thickest on top.
+    Optuna's own plot puts lines near white on a white background and overlaps log-axis ticks."""
+    from optuna.distributions import CategoricalDistribution
+
+    params = sorted({k for t in trials for k in t.params})
+    values = np.array([t.value for t in trials], dtype=float)
+    axes, ticks = [], []
+    for p in params:
+        dist = next(t.distributions[p] for t in trials if p in t.distributions)
+        raw = [t.params.get(p) for t in trials]
+        if isinstance(dist, CategoricalDistribution):
+            cats = [c for c in dist.choices if c in raw] or list(dist.choices)
+            pos = np.linspace(0, 1, len(cats)) if len(cats) > 1 else np.array([0.5])
+            axes.append([pos[cats.index(v)] if v in cats else np.nan for v in raw])
+            ticks.append(list(zip(pos, (format_value(c) for c in cats))))
+            continue
+        log = bool(getattr(dist, "log", False))
+        f = np.log10 if log else (lambda x: x)
+        lo, hi = f(dist.low), f(dist.high)
+        span = (hi - lo) or 1.0
+        axes.append([(f(v) - lo) / span if v is not None else np.nan for v in raw])
+        marks = np.linspace(lo, hi, 4)
+        whole = type(dist).__name__.startswith("Int")
+        shown = [10 ** m if log else m for m in marks]
+        ticks.append([((m - lo) / span, f"{round(v)}" if whole else f"{v:.3g}") for m, v in zip(marks, shown)])
+    lo, hi = float(np.min(values)), float(np.max(values))
+    axes.append(list((values - lo) / ((hi - lo) or 1.0)))
+    ticks.append([(x, f"{lo + x * (hi - lo):.2f}") for x in np.linspace(0, 1, 5)])
+    labels = [*params, "objective"]
+
+    fig, ax = plt.subplots(figsize=(max(6.0, 2.2 * len(labels)), 4.8))
+    cmap = plt.get_cmap("viridis")
+    order = np.argsort(values if maximize else -values)  # the best last, on top
+    best = order[-1]
+    xs = np.arange(len(labels))
+    for i in order:
+        ys = [a[i] for a in axes]
+        score = (values[i] - lo) / ((hi - lo) or 1.0)
+        ax.plot(xs, ys, color=cmap(score if maximize else 1 - score), lw=3.0 if i == best else 1.4,
+                alpha=1.0 if i == best else 0.8, zorder=3 if i == best else 2)
+    for x, marks in zip(xs, ticks):
+        ax.axvline(x, color="0.3", lw=0.8, zorder=1)
+        for y, text in marks:
+            ax.text(x - 0.04, y, text, ha="right", va="center", fontsize=8, color="0.2", zorder=4,
+                    bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.6, "alpha": 0.85})
+    ax.set_xticks(xs, labels, fontsize=9)
+    ax.set_xlim(-0.6, len(labels) - 0.7)
+    ax.set_ylim(-0.05, 1.05)
+    ax.set_yticks([])
+    for side in ("left", "right", "top"):
+        ax.spines[side].set_visible(False)
+    sm = plt.cm.ScalarMappable(cmap=cmap, norm=plt.Normalize(lo, hi))
+    fig.colorbar(sm, ax=ax, pad=0.02, label="objective (mean dev Spearman over seeds)")
+    ax.set_title(f"{name}: {len(trials)} trials; best thickest", fontsize=10)
     return _save(fig, Path(path))
 
 

@@ -49,6 +49,7 @@ from raysent.tune.trial import (
     STOPPED_DIR,
     MlflowTarget,
     TrialContext,
+    TrialNamer,
     TuneHooks,
     build_record,
     drop_checkpoints,
@@ -57,6 +58,7 @@ from raysent.tune.trial import (
     resolve_trial,
     save_record,
     training_fields,
+    trial_dirname,
     trial_identity,
 )
 
@@ -388,7 +390,9 @@ def run_search(cfg: ExperimentConfig, exp: Path, state: dict, mlflow: dict | Non
                       # TuneConfig's down to the searcher it wraps)
                       tune_config=TuneConfig(search_alg=searcher, scheduler=scheduler,
                                              num_samples=n, max_concurrent_trials=s.max_concurrent_trials,
-                                             reuse_actors=reuse_trial_processes(cfg)),
+                                             reuse_actors=reuse_trial_processes(cfg),
+                                             trial_name_creator=TrialNamer(cfg, "search"),
+                                             trial_dirname_creator=trial_dirname),
                       run_config=RunConfig(name=f"search-{run}", storage_path=storage, callbacks=callbacks,
                                            stop=fail_fast, failure_config=tune.FailureConfig(max_failures=0)))
     results = tuner.fit()
@@ -501,7 +505,9 @@ def run_final(cfg: ExperimentConfig, exp: Path, state: dict, best: dict, mlflow:
     else:
         tuner = Tuner(trainable, param_space=param_space,
                       tune_config=TuneConfig(num_samples=1, max_concurrent_trials=concurrent,
-                                             reuse_actors=reuse_trial_processes(cfg)),
+                                             reuse_actors=reuse_trial_processes(cfg),
+                                             trial_name_creator=TrialNamer(cfg, "final", best["hp"]),
+                                             trial_dirname_creator=trial_dirname),
                       run_config=RunConfig(name=name, storage_path=storage,
                                            failure_config=tune.FailureConfig(max_failures=0)))
     results = tuner.fit()

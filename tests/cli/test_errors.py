@@ -154,3 +154,30 @@ def test_cli_bad_data_file_no_traceback(tmp_path):
     proc = run_cli("train", str(path), check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "bad.tsv" in proc.stderr
+
+
+def test_an_unwritable_results_folder_is_named_without_a_traceback(tmp_path, monkeypatch, capsys):
+    """`table`/`plot` write beside the runs: a results folder they cannot write to (read-only for this user, a
+    read-only mount, a file where a folder should be) is one line naming the path, exit 2."""
+    import errno
+    import shutil
+
+    from raysent.cli import main
+    from raysent.report import table as table_mod
+
+    from conftest import REPO
+
+    shutil.copytree(REPO / "results" / "quick" / "runs", tmp_path / "quick" / "runs")
+    (tmp_path / "quick" / "plots").write_text("")  # a file where the plots folder goes
+    assert main(["plot", "quick", "--results-dir", str(tmp_path), "--kinds", "dev"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"raysent: error: cannot write {tmp_path / 'quick' / 'plots'}: File exists") and \
+        "Traceback" not in err
+
+    def read_only(path, *args, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied", str(path))
+
+    monkeypatch.setattr(table_mod.Path, "write_text", read_only)
+    assert main(["table", "quick", "--results-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "cannot write" in err and "Permission denied" in err and "--results-dir" in err

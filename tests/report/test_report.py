@@ -344,6 +344,13 @@ def test_plots_are_png(results, tmp_path):
                                 direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
     study.optimize(lambda tr: 80 + tr.suggest_float("temperature", 0.01, 0.2, log=True)
                    + tr.suggest_categorical("lr", [1e-5, 3e-5]) * 1e4, n_trials=4)
+    # 4 trials: no importance plot (fANOVA on 4 points is noise), and the reason is given
+    written, skipped = plot_experiment("abl", results)
+    assert skipped == [f"importance: study search-{search}: 4 completed trials; hyperparameter importances need "
+                       "at least 8 to mean anything (fANOVA fits a forest to them)"]
+    assert "optuna_parallel_coordinate.png" in {p.name for p in written}
+    study.optimize(lambda tr: 80 + tr.suggest_float("temperature", 0.01, 0.2, log=True)
+                   + tr.suggest_categorical("lr", [1e-5, 3e-5]) * 1e4, n_trials=4)
     written, skipped = plot_experiment("abl", results)
     assert not skipped, skipped
     assert sorted(p.name for p in written) == ["dev_curves.png", "optuna_importances.png",

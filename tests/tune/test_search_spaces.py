@@ -240,3 +240,22 @@ def test_the_search_summary_prints_the_papers_row_from_the_runs():
                 for v in ([r["scores"][f"sts/{t}"] for r in runs] for t in (*TASKS, "avg"))]
     assert text[head + 1].split() == ["Spearman", *expected]
     assert text[head + 2].split()[0] == "Pearson" and "search trials: 6 finished, 0 failed" in "\n".join(text)
+
+
+def test_trials_are_named_by_what_differs():
+    """Tune's console table and MLflow name a trial `lr=0.0001 · seed 2`, not `run_trial_7eddca46`."""
+    from types import SimpleNamespace
+
+    from raysent.tune.trial import TrialNamer, trial_dirname
+
+    cfg = load_config(REPO / "search_spaces" / "quick.yaml")
+    grid_trial = SimpleNamespace(config={"hp": {"lr": 1.0e-4}, "seed_index": 1}, trainable_name="run_trial",
+                                 trial_id="7eddca46")
+    assert TrialNamer(cfg, "search")(grid_trial) == "lr=0.0001 · seed 2"
+    assert trial_dirname(grid_trial) == "run_trial_7eddca46"
+    assert TrialNamer(cfg, "final", {"lr": 3.0e-4})(SimpleNamespace(config={"seed": 1})) == "lr=0.0003 · seed 1"
+    assert TrialNamer(cfg, "final")(SimpleNamespace(config={"seed": 1})) == "defaults · seed 1"
+    sg = load_config(REPO / "search_spaces" / "sgopt.yaml")
+    repeat = {name: (e.values[0] if e.type == "choice" else e.low) for name, e in sg.search.space.items()}
+    name = TrialNamer(sg, "search")(SimpleNamespace(config={**repeat, "__trial_index__": 0}))
+    assert name.endswith(f"· seed {sg.seeds[0]}") and "temperature=" in name
