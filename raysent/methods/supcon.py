@@ -20,9 +20,12 @@ negatives an anchor uses (``pos_cap``/``neg_cap``: ``all`` or a number, drawn at
 hypotheses (groups of pairs), so anchors have their positives in the batch. On several workers
 the hypotheses, their labels and premise ids are gathered: anchors see the global batch.
 
-Defaults (§4.2, best STS model "allpalln-lambda0.3-SCL"): λ 0.3, τ 1.0, N+ = N− = all, mean pooling,
-batch 64, lr 2e-5, 1 epoch, 10 % warmup; SNLI. (The paper trains BERT 8-layer/512; its numbers
-are weighted-mean Spearman, the ``wmean`` aggregation.)
+Defaults (§4.2, best STS model "allpalln-lambda0.3-SCL"): λ 0.3, τ 1.0, N+ = N− = all, batch 64, lr 2e-5,
+1 epoch, 10 % warmup; SNLI. Pooling ``mean_no_cls``: the paper pools "the output token embeddings except the
+first [CLS] token" (§3), as the authors' ``models.py`` does (it also divides by the padded length, averaging
+padding as zeros; raysent keeps the masked mean over the real tokens). Before raysent 0.2 the default was
+``mean`` ([CLS] included): the mini suite's supcon rows (results/mini) were trained with it. (The paper
+trains BERT 8-layer/512; its numbers are weighted-mean Spearman, the ``wmean`` aggregation.)
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ ENTAILMENT = 0
 
 
 class SupConParams(SBERTNLIParams):
+    pooling: str = Field("mean_no_cls", description="the paper's pooling: the mean of the output tokens except "
+                         "[CLS] (§3; mean: SBERT's, [CLS] included)")
     scl_weight: float = Field(0.3, ge=0, le=1, description="λ of (1−λ)·CE + λ·SCL (Eq. 3)")
     temperature: float = Field(1.0, gt=0, description="τ (Table 7: best 1.0)")
     pos_cap: Literal["all"] | int = Field("all", description="N+: positives per anchor (all or a number)")

@@ -13,6 +13,10 @@ name                   vector
 ``cls_mlp_train``      ``cls`` while training, ``cls_before_pooler`` at inference (SimCSE's
                        unsupervised setting, ``--mlp_only_train``)
 ``mean``               mean of the last layer's tokens
+``mean_no_cls``        mean of the last layer's tokens except [CLS] (Liao 2021, §3: "pool the output
+                       token embeddings except the first [CLS] token"; the authors' code also
+                       averages the padding as zeros, dividing by the padded length: raysent
+                       keeps the masked mean)
 ``max``                element-wise max of the last layer's tokens
 ``first_last_avg``     mean over tokens of (layer 1 + layer L) / 2 (SimCSE's ``avg_first_last``)
 ``last2_avg``          mean over tokens of (layer L-1 + layer L) / 2 (ConSERT's evaluation pooling,
@@ -30,7 +34,8 @@ from collections.abc import Sequence
 
 import torch
 
-BASE_POOLINGS = ("cls", "cls_before_pooler", "cls_mlp_train", "mean", "max", "first_last_avg", "last2_avg")
+BASE_POOLINGS = ("cls", "cls_before_pooler", "cls_mlp_train", "mean", "mean_no_cls", "max", "first_last_avg",
+                 "last2_avg")
 HEAD_POOLINGS = ("layeratt",)  # need a trained head that travels with the model
 _LAYER_RE = re.compile(r"^layer(\d+)_(cls|mean|max)$")
 
@@ -102,6 +107,8 @@ def pool(
         return vec
     if name == "mean":
         return masked_mean(last, attention_mask)
+    if name == "mean_no_cls":
+        return masked_mean(last[:, 1:], attention_mask[:, 1:])
     if name == "max":
         return masked_max(last, attention_mask)
     if name == "first_last_avg":

@@ -672,3 +672,34 @@ def test_layeratt_objectives_backpropagate_into_the_pooler(layeratt_encoder, obj
             neg = method.pooled(batch["hard_neg"]) if objective == "eq8" else h1[:0]
             ref = ref_hard_negative_rows(h0, h1, neg, tau, 0.0)
     assert loss == pytest.approx(sum(ref) / len(ref), abs=1e-4)
+
+
+def test_sg_opt_official_views_mean_pooled_with_bert_f_dropout_on(tiny_bert):
+    """The authors' code (galsang/SG-BERT) pools BERT_F's layers with mean and, its `train()` undoing the
+    `eval()`, runs BERT_F with dropout: `view_pooling: mean` + `frozen_dropout: true`. The paper's setting
+    (max, BERT_F fixed) stays the default; the two are search choices."""
+    from raysent.methods.sg import SelfGuidedOpt, SGOptParams
+    from raysent.models.encoder import Encoder
+
+    encoder = Encoder.load(tiny_bert)
+    tok = encoder.tokenizer(SG_SENTENCES, padding=True, return_tensors="pt")
+    tok = {"input_ids": tok["input_ids"], "attention_mask": tok["attention_mask"]}
+    paper = SelfGuidedOpt(encoder, SGOptParams(head_width=64))
+    assert (paper.params.view_pooling, paper.params.frozen_dropout) == ("max", False)
+    paper.train()
+    assert not paper.frozen.training and torch.equal(paper.views(tok), paper.views(tok))  # fixed: no dropout
+
+    official = SelfGuidedOpt(Encoder.load(tiny_bert), SGOptParams(head_width=64, view_pooling="mean",
+                                                                  frozen_dropout=True))
+    official.train()
+    assert official.frozen.training
+    torch.manual_seed(0)
+    first = official.views(tok)
+    assert not torch.equal(first, official.views(tok))  # dropout: other views at every call
+    official.frozen.eval()
+    with torch.no_grad():
+        states = official.frozen(**tok, output_hidden_states=True, return_dict=True).hidden_states
+    lengths = tok["attention_mask"].sum(1).tolist()
+    want = torch.stack([torch.stack([layer[i, :lengths[i]].mean(dim=0) for layer in states])
+                        for i in range(len(lengths))])
+    torch.testing.assert_close(official.views(tok), want, rtol=1e-5, atol=1e-5)

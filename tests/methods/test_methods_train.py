@@ -107,7 +107,7 @@ EVAL_POOLING = {
     "simcse-unsup-mean": "mean", "simcse-unsup-cls": "cls_before_pooler", "simcse-sup": "cls",
     "sg": "cls_before_pooler", "sg-opt": "cls_before_pooler", "consert-unsup": "last2_avg",
     "consert-joint": "last2_avg", "consert-sup-unsup": "last2_avg", "consert-joint-unsup": "last2_avg",
-    "layeratt-eq6": "layeratt", "layeratt-eq7": "layeratt", "layeratt-eq8": "layeratt", "supcon": "mean",
+    "layeratt-eq6": "layeratt", "layeratt-eq7": "layeratt", "layeratt-eq8": "layeratt", "supcon": "mean_no_cls",
     "sbert-nli": "mean", "baseline": "last2_avg",
 }
 

@@ -48,6 +48,9 @@ def expected(name, hs, mlp):
             v = torch.tanh(mlp.dense.weight @ hs[-1][i, 0] + mlp.dense.bias)
         elif name == "mean":
             v = mean_rows(hs[-1], i)
+        elif name == "mean_no_cls":  # Liao 2021 §3: every real token but [CLS]; none left: a zero vector
+            rows = [hs[-1][i, t] for t in range(1, LENGTHS[i])]
+            v = torch.stack(rows).mean(0) if rows else torch.zeros(D)
         elif name == "max":
             v = max_rows(hs[-1], i)
         elif name == "first_last_avg":
@@ -60,7 +63,8 @@ def expected(name, hs, mlp):
     return torch.stack(out)
 
 
-@pytest.mark.parametrize("name", ["cls", "cls_before_pooler", "mean", "max", "first_last_avg", "last2_avg"])
+@pytest.mark.parametrize("name", ["cls", "cls_before_pooler", "mean", "mean_no_cls", "max", "first_last_avg",
+                                  "last2_avg"])
 def test_base_poolings(batch, name):
     hs, mask = batch
     mlp = MLPHead(D)
@@ -89,8 +93,18 @@ def test_single_layer(batch, k, how):
 
 
 def test_every_base_pooling_is_covered():
-    assert set(BASE_POOLINGS) == {"cls", "cls_before_pooler", "cls_mlp_train", "mean", "max", "first_last_avg",
-                                  "last2_avg"}
+    assert set(BASE_POOLINGS) == {"cls", "cls_before_pooler", "cls_mlp_train", "mean", "mean_no_cls", "max",
+                                  "first_last_avg", "last2_avg"}
+
+
+def test_mean_no_cls_is_the_supcon_authors_pooling_without_padding(batch):
+    """On a row without padding it is exactly the authors' `torch.mean(h[:, 1:], axis=1)` (Danqi7/584-final
+    models.py); with padding they divide by the padded length, raysent by the real tokens."""
+    hs, mask = batch
+    full = pool("mean_no_cls", hs, mask)[0]  # row 0 has no padding
+    torch.testing.assert_close(full, torch.mean(hs[-1][:1, 1:, :], dim=1)[0])
+    padded = hs[-1][1] * mask[1].unsqueeze(-1)
+    assert not torch.allclose(pool("mean_no_cls", hs, mask)[1], torch.mean(padded[1:], dim=0))
 
 
 def test_unknown_and_out_of_range_poolings(batch):

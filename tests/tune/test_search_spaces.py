@@ -259,3 +259,22 @@ def test_trials_are_named_by_what_differs():
     repeat = {name: (e.values[0] if e.type == "choice" else e.low) for name, e in sg.search.space.items()}
     name = TrialNamer(sg, "search")(SimpleNamespace(config={**repeat, "__trial_index__": 0}))
     assert name.endswith(f"· seed {sg.seeds[0]}") and "temperature=" in name
+
+
+def test_the_papers_own_settings_are_the_defaults():
+    """Where raysent differed from a paper or its authors' script (issue 21): SupCon pools without [CLS]
+    (Liao 2021, §3); LayerAtt's supervised objectives take the authors' script's length, epochs and cadence,
+    Eq. 7 SimCSE's; SG-OPT keeps the paper's views (max, BERT_F fixed), the official code's are options."""
+    def resolved(method: str, **params):
+        return parse_config({"name": "x", "method": method, "model": {"name": "m"}, "params": params})
+
+    assert resolved("supcon").params["pooling"] == "mean_no_cls"
+    for objective, want in (("eq8", (64, 3, 100)), ("eq6", (64, 3, 100)), ("eq7", (32, 1, 125))):
+        t = resolved("layeratt", objective=objective).train
+        assert (t.max_length, t.epochs, t.eval_every) == want, objective
+    sg = resolved("sg-opt").params
+    assert (sg["view_pooling"], sg["frozen_dropout"]) == ("max", False)
+    space = load_config(REPO / "search_spaces" / "sgopt.yaml").search.space
+    assert space["view_pooling"].values == ["max", "mean"] and space["frozen_dropout"].values == [False, True]
+    assert load_config(REPO / "search_spaces" / "supcon.yaml").search.space["pooling"].values == ["mean_no_cls",
+                                                                                                  "mean"]

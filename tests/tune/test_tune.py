@@ -176,6 +176,16 @@ def test_an_interrupted_search_resumes_with_no_trial_lost_or_repeated(ray_cluste
     assert len(by_config) == 2 and all(sorted(v) == [1, 43] for v in by_config.values()), by_config
     assert summary["final"]["seeds"] == [1] and len(summary["best"]["configurations"]) == 2
     assert {k for k in summary["final"]["scores"] if "/" in k and k.count("/") == 1} == {"sts/stsb", "sts/avg"}
+    # MLflow holds what the run files hold: one run per seed (a trial cut off by Ctrl-C continued its own
+    # run), none left RUNNING, the search's parent run FINISHED after having been KILLED and resumed
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'results' / 'mlflow.db'}")
+    mruns = client.search_runs([client.get_experiment_by_name("resumable").experiment_id], max_results=500)
+    seed_runs = [r for r in mruns if r.data.tags.get("phase") == "search" and "seed" in r.data.tags]
+    assert sorted(r.info.run_id for r in seed_runs) == sorted(r["mlflow_run_id"] for r in records)
+    assert {r.info.status for r in mruns} == {"FINISHED"}
+    assert [r.info.run_name for r in mruns if "mlflow.parentRunId" not in r.data.tags][0].startswith("search-")
 
 
 ASHA_SEARCH = """\
