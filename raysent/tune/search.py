@@ -462,6 +462,13 @@ def pick_best(cfg: ExperimentConfig, exp: Path, run: str, mlflow: dict | None, f
                               [r["seed"] for r in recs])
     # on equal scores a configuration that learned wins over one whose every seed kept the untouched encoder
     table.sort(key=lambda r: (-sign * r["dev_mean"], not r["learned"]))
+    tied = [r for r in table if r["dev_mean"] == table[0]["dev_mean"]]
+    if len(tied) > 1:
+        why = ("it learned (best checkpoint after step 0) and the others did not"
+               if table[0]["learned"] and not all(r["learned"] for r in tied) else "it was recorded first")
+        say(f"{len(tied)} configurations tie at dev {table[0]['dev_mean']:.4f}: {table[0]['config_id']} is taken "
+            f"because {why}")
+        table[0]["tie"] = {"with": [r["config_id"] for r in tied[1:]], "learned": table[0]["learned"]}
     stopped = [{"trial_id": r["trial_id"], "config_id": r["config_id"], "hp": r["hp"], "seed": r["seed"],
                 "best_dev_spearman": r["best_dev_spearman"], "at_step": r["stopped"]["at_step"]}
                for r in _records(exp, "search", run, STOPPED_DIR)]

@@ -278,3 +278,24 @@ def test_the_papers_own_settings_are_the_defaults():
     assert space["view_pooling"].values == ["max", "mean"] and space["frozen_dropout"].values == [False, True]
     assert load_config(REPO / "search_spaces" / "supcon.yaml").search.space["pooling"].values == ["mean_no_cls",
                                                                                                   "mean"]
+
+
+def test_a_tie_goes_to_the_configuration_that_learned_and_says_so(tmp_path):
+    """Two configurations with the same mean dev score, one whose runs kept the untouched encoder (best at
+    step 0): the one that learned is the best, whichever was recorded first, and the search says why."""
+    from raysent.io import write_json_atomic
+    from raysent.train.records import RunRecord
+    from raysent.tune.search import pick_best
+
+    cfg = load_config(REPO / "search_spaces" / "quick.yaml")
+    exp = tmp_path / "quick"
+    for cid, lr, best_step in (("aaaa000000", 1.0e-5, 0), ("bbbb000000", 3.0e-4, 40)):
+        for seed in (1, 2):
+            rec = RunRecord(experiment="quick", phase="search", search="s1", config_id=cid, hp={"lr": lr}, seed=seed,
+                            method="simcse-unsup", model="m", config={}, best_dev_spearman=50.0, best_step=best_step,
+                            learned=best_step > 0)
+            write_json_atomic(exp / "runs" / f"search-s1-{cid}-seed{seed}.json", rec.to_json())
+    said: list[str] = []
+    best = pick_best(cfg, exp, "s1", None, [], said.append)
+    assert best["config_id"] == "bbbb000000" and best["tie"] == {"with": ["aaaa000000"], "learned": True}
+    assert any("2 configurations tie at dev 50.0000: bbbb000000 is taken because it learned" in s for s in said)
