@@ -257,6 +257,11 @@ class SearchConfig(Strict):
                        "sees their mean")
     scheduler: SchedulerConfig | None = None
     max_concurrent_trials: int = Field(1, gt=0)
+    warm_start: Literal["paper", "none"] = Field(
+        "paper", description="paper: the experiment's own values of the searched entries (its paper defaults) are "
+        "the first configuration tried (Optuna's enqueue_trial; a grid gets them as its first point), and the "
+        "final phase also runs them on every seed, so the summary compares the searched best with the paper's "
+        "setting, paired over seeds")
     fail_fast: int = Field(3, ge=0, description="stop the search when its first N trials to end all failed "
                            "with the same error type, and report that error once (0: never)")
     keep_checkpoints: bool = Field(False, description="keep each finished trial's training checkpoints (model "

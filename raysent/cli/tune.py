@@ -51,10 +51,15 @@ def run(args) -> int:
     if args.dry_run:
         from raysent.preflight import preflight
         from raysent.tune.suite import rough_estimate
-        found = preflight(cfg)  # the same checks as a real run makes before its first trial (exit 2)
-        p = {**plan(cfg, final_only=args.final_only), "checked": found,
+        p = {**plan(cfg, final_only=args.final_only),
              "estimate": rough_estimate(cfg, searched=not args.final_only and cfg.search is not None)}
-        print(json.dumps(p, indent=2, default=str) if args.format == "json" else yaml_dump(p))
+        try:  # the same checks as a real run makes before its first trial
+            p["checked"] = preflight(cfg)
+        except RaysentError:
+            p["checked"] = "FAILED: the run would stop here (the error below)"
+            raise  # exit 2, after the plan
+        finally:
+            print(json.dumps(p, indent=2, default=str) if args.format == "json" else yaml_dump(p))
         return 0
     with stdout_for(args.format):
         summary = tune_experiment(cfg, resume=args.resume, final_only=args.final_only, quiet=args.quiet,

@@ -43,7 +43,7 @@ from raysent.errors import Interrupted, RaysentError
 from raysent.io import write_json_atomic
 from raysent.train.records import RunRecord, TrainSummary, learned, read_record, validate_record
 from raysent.train.run import train_in_process, train_stages
-from raysent.tune.space import config_id, grid, suggest
+from raysent.tune.space import config_id, encode, grid, paper_point, suggest
 from raysent.tune.trial import (
     RECORD_KEY,
     STOPPED_DIR,
@@ -189,15 +189,39 @@ def evaluate_final(cfg: ExperimentConfig, model_dir: str) -> dict:
 
 
 # --------------------------------------------------------------------------- the driver
-def search_trials(s) -> int:
+def warm_point(cfg: ExperimentConfig, say=None) -> dict | None:
+    """The paper's configuration a search starts from (``search.warm_start: paper``), None when off or when it
+    cannot be tried (``say`` is told why): Optuna takes only a point of its space; a grid takes it as an
+    extra point even when its values are not among the grid's."""
+    if cfg.search is None or cfg.search.warm_start != "paper":
+        return None
+    point, outside = paper_point(cfg)
+    if point is None or (outside and cfg.search.algorithm != "grid"):
+        if say is not None:
+            say(f"search.warm_start: the paper's setting cannot be tried first ({outside or 'a value is unset'})")
+        return None
+    return point
+
+
+def search_grid(cfg: ExperimentConfig) -> list[dict]:
+    """A grid search's points, the paper's configuration first (added when the grid lacks it)."""
+    points = grid(cfg.search.space)
+    first = warm_point(cfg)
+    if first is None:
+        return points
+    return [first, *(p for p in points if p != first)]
+
+
+def search_trials(cfg: ExperimentConfig) -> int:
     """How many trials a search has: every grid point, or ``num_samples`` suggestions, each on ``seeds`` seeds."""
-    return (len(grid(s.space)) if s.algorithm == "grid" else s.num_samples) * s.seeds
+    s = cfg.search
+    return (len(search_grid(cfg)) if s.algorithm == "grid" else s.num_samples) * s.seeds
 
 
 def plan(cfg: ExperimentConfig, final_only: bool = False) -> dict:
     s = cfg.search
     r = cfg.resources
-    trials = 0 if final_only or s is None else search_trials(s)
+    trials = 0 if final_only or s is None else search_trials(cfg)
     exp = experiment_dir(cfg)
     from raysent.tracking import experiment_name, redact, tracking_uri
 
@@ -207,7 +231,9 @@ def plan(cfg: ExperimentConfig, final_only: bool = False) -> dict:
     return {
         "experiment": experiment_name(cfg), "method": cfg.method, "model": cfg.model.name,
         "train_data": cfg.data.train, "search": None if final_only or s is None else {
-            "algorithm": s.algorithm, "configurations": len(grid(s.space)) if s.algorithm == "grid" else s.num_samples,
+            "algorithm": s.algorithm,
+            "configurations": len(search_grid(cfg)) if s.algorithm == "grid" else s.num_samples,
+            "first configuration (search.warm_start)": warm_point(cfg) or "none",
             "seeds per configuration": s.seeds, "trials": trials, "metric": f"{s.metric} ({s.mode})",
             "space": {k: {f: v for f, v in e.model_dump().items() if v is not None} for k, e in s.space.items()},
             "scheduler": s.scheduler.model_dump() if s.scheduler else None,
@@ -255,9 +281,24 @@ def _say(quiet: bool):
     return (lambda m: None) if quiet else (lambda m: print(m, file=sys.stderr, flush=True))
 
 
+def versus_paper(exp: Path, run: str, paper_cid: str, best_cid: str) -> dict:
+    """`raysent compare` of the final phase's searched best (B) against the paper's setting (A), paired by
+    seed: per set the means, the mean difference, the paired t-test and Wilcoxon p."""
+    from raysent.report.compare import compare
+
+    runs = exp / "runs"
+    res = compare([str(runs / f"final-{run}-{paper_cid}-seed*.json"), str(runs / f"final-{run}-{best_cid}-seed*.json")],
+                  exp.parent, phase="final")
+    return {"paper": paper_cid, "searched": best_cid, "tasks": res["comparisons"][0]["tasks"]}
+
+
 def tune_experiment(cfg: ExperimentConfig, resume: bool = False, final_only: bool = False, quiet: bool = False,
-                    source: str = "<config>") -> dict:
-    """Search (unless ``final_only``), then the final phase; returns the summary (also summary.json)."""
+                    source: str = "<config>", paper_arm: bool = True) -> dict:
+    """Search (unless ``final_only``), then the final phase; returns the summary (also summary.json).
+
+    With ``search.warm_start: paper`` the paper's configuration is tried first and, when it is not the
+    searched best, also run on every seed (``paper_arm``; a suite, which runs its own paper arm, turns this
+    off), so the summary compares the two paired over seeds."""
     from raysent.tracking import end_runs_of, ensure_experiment, redact, reopen_run, start_run, tracking_uri
     from raysent.train.ray_train import init_ray
 
@@ -302,7 +343,16 @@ def tune_experiment(cfg: ExperimentConfig, resume: bool = False, final_only: boo
         if state["phase"] == "final":
             best = state.get("best") or {"hp": {}, "config_id": config_id({}), "dev_mean": None}
             final = run_final(cfg, exp, state, best, mlflow, resume, say)
-            state.update(phase="done", final=final)
+            paper = warm_point(cfg) if paper_arm and not final_only else None
+            again = paper is not None and config_id(paper) != best["config_id"]
+            state.update(phase="paper" if again else "done", final=final)
+            _save_state(exp, state)
+        if state["phase"] == "paper":  # search.warm_start: the paper's setting on the same seeds, to compare
+            paper = warm_point(cfg) or {}
+            state["paper"] = run_final(cfg, exp, state, {"hp": paper, "config_id": config_id(paper)}, mlflow, resume,
+                                       say, arm="paper")
+            state.update(phase="done", vs_paper=versus_paper(exp, state["run"], config_id(paper),
+                                                             state["best"]["config_id"]))
             _save_state(exp, state)
         status = "FINISHED"
     except (Interrupted, KeyboardInterrupt):
@@ -313,8 +363,8 @@ def tune_experiment(cfg: ExperimentConfig, resume: bool = False, final_only: boo
             # the search's run, and any run of it still open (a trial killed with the search), end with it
             end_runs_of(uri, exp_id, state["parent_run_id"], status)
     summary = {"experiment": exp.name, "results": str(exp), "search": state["run"], "best": state.get("best"),
-               "final": state.get("final"), "mlflow": redact(uri) if mlflow else None,
-               "wall_seconds": time.time() - started}
+               "final": state.get("final"), "paper": state.get("paper"), "vs_paper": state.get("vs_paper"),
+               "mlflow": redact(uri) if mlflow else None, "wall_seconds": time.time() - started}
     write_json_atomic(exp / "summary.json", summary)
     return summary
 
@@ -334,15 +384,18 @@ def _searcher(cfg: ExperimentConfig, exp: Path, run: str, metric: str):
 
     s = cfg.search
     if s.algorithm == "grid":
-        return None, {"hp": tune.grid_search(grid(s.space)), "seed_index": tune.grid_search(list(range(s.seeds)))}
+        return None, {"hp": tune.grid_search(search_grid(cfg)),
+                      "seed_index": tune.grid_search(list(range(s.seeds)))}
     import optuna
     from ray.tune.search.optuna import OptunaSearch
 
     sampler = (optuna.samplers.TPESampler(seed=s.seed) if s.algorithm == "optuna"
                else optuna.samplers.RandomSampler(seed=s.seed))
     storage = optuna.storages.RDBStorage(f"sqlite:///{exp / 'optuna.db'}")
+    first = warm_point(cfg)
     searcher = OptunaSearch(space=DefineByRun(s.space), sampler=sampler,
-                            study_name=f"search-{run}", storage=storage, metric=metric, mode=s.mode)
+                            study_name=f"search-{run}", storage=storage, metric=metric, mode=s.mode,
+                            points_to_evaluate=[encode(first, s.space)] if first is not None else None)
     if s.seeds > 1:
         from ray.tune.search import Repeater
 
@@ -379,7 +432,10 @@ def run_search(cfg: ExperimentConfig, exp: Path, state: dict, mlflow: dict | Non
     storage = tune_storage(cfg, exp)
     path = f"{storage.rstrip('/')}/search-{run}"
     n = 1 if s.algorithm == "grid" else s.num_samples * s.seeds  # Tune's samples (it expands a grid itself)
-    total = search_trials(s)
+    total = search_trials(cfg)
+    first = warm_point(cfg, say)
+    if first is not None:
+        say(f"search.warm_start: the paper's setting {first} is tried first")
     say(f"search {run}: {s.algorithm}, {total} trials ({s.seeds} seed(s) each), metric {metric} ({s.mode})")
     if resume and Tuner.can_restore(path):
         tuner = Tuner.restore(path, trainable=trainable, resume_unfinished=True, resume_errored=False,
@@ -490,7 +546,9 @@ def pick_best(cfg: ExperimentConfig, exp: Path, run: str, mlflow: dict | None, f
 
 
 def run_final(cfg: ExperimentConfig, exp: Path, state: dict, best: dict, mlflow: dict | None, resume: bool,
-              say) -> dict:
+              say, arm: str = "") -> dict:
+    """The final phase: ``best`` on every seed, evaluated on the test sets (``arm`` "paper": the paper's
+    configuration, search.warm_start's comparison, in its own Tune run and folders)."""
     from ray import tune
     from ray.tune import RunConfig, TuneConfig, Tuner
 
@@ -500,10 +558,11 @@ def run_final(cfg: ExperimentConfig, exp: Path, state: dict, best: dict, mlflow:
     final_cfg = with_overrides(cfg, best["hp"]) if best["hp"] else cfg
     ctx = TrialContext(config=final_cfg.to_dict(), source=state.get("source", "<config>"), phase="final", run=run,
                        exp_dir=str(exp), metric=tune_metric(cfg), mlflow=_mlflow_target(mlflow), env=_env(),
-                       hp=best["hp"])
+                       hp=best["hp"], arm=arm)
     trainable = _trainable(cfg, ctx)
-    storage, name = tune_storage(cfg, exp), f"final-{run}"
-    say(f"final phase: {best['hp'] or 'the configuration as given'} on seeds {cfg.seeds}")
+    storage, name = tune_storage(cfg, exp), f"final-{arm + '-' if arm else ''}{run}"
+    say(f"final phase{' (' + arm + ' arm)' if arm else ''}: {best['hp'] or 'the configuration as given'} "
+        f"on seeds {cfg.seeds}")
     param_space = {"seed": tune.grid_search(list(cfg.seeds))}
     concurrent = cfg.search.max_concurrent_trials if cfg.search else 1
     if resume and Tuner.can_restore(f"{storage.rstrip('/')}/{name}"):
@@ -581,8 +640,17 @@ def format_summary(summary: dict) -> str:
                      + ": STS, ×100, mean ± std over seeds")
         from raysent.report.runs import TASK_LABELS, TASKS
 
-        rows = {label: row for label, kind in (("Spearman", ""), ("Pearson", "/pearson"))
-                if (row := paper_row(final["scores"], kind))}
+        paper = summary.get("paper") or {}
+        vs = summary.get("vs_paper") or {}
+        arms = [("Spearman", final["scores"], "")]
+        if paper.get("scores"):
+            arms = [("searched", final["scores"], ""), ("paper", paper["scores"], "")]
+        rows = {label: row for label, scores, kind in arms if (row := paper_row(scores, kind))}
+        if vs.get("tasks") and rows:
+            rows["Δ"] = [f"{d['diff_mean']:+.2f}" if (d := vs["tasks"].get(c)) and d.get("diff_mean") is not None
+                         else "—" for c in (*TASKS, "avg")]
+        if (pearson := paper_row(final["scores"], "/pearson")) and rows:
+            rows["Pearson"] = pearson
         if rows:
             heads = [*(TASK_LABELS[t] for t in TASKS), "Avg"]
             width = [max(len(h), *(len(r[i]) for r in rows.values())) for i, h in enumerate(heads)]
@@ -590,6 +658,13 @@ def format_summary(summary: dict) -> str:
             lines += [f"  {label:8s}  " + "  ".join(v.rjust(w) for v, w in zip(row, width))
                       for label, row in rows.items()]
         shown = {f"sts/{t}{kind}" for t in (*TASKS, "avg") for kind in ("", "/pearson")} if rows else set()
+        avg = (vs.get("tasks") or {}).get("avg")
+        if avg and avg.get("diff_mean") is not None:
+            p_t = "—" if avg.get("t_p") is None else f"{avg['t_p']:.3g}"
+            p_w = "—" if avg.get("wilcoxon_p") is None else f"{avg['wilcoxon_p']:.3g}"
+            lines.append(f"  searched − paper ({vs['searched']} − {vs['paper']}), Avg: {avg['diff_mean']:+.2f}"
+                         + (f" ± {avg['diff_std']:.2f}" if avg.get("diff_std") is not None else "")
+                         + f" over {avg['n']} paired seeds; paired t-test p {p_t}, Wilcoxon p {p_w}")
         for k, v in final["scores"].items():
             if k not in shown:
                 lines.append(f"  {k:28s} {v['mean']:6.2f} ± {v['std']:.2f} (n={v['n']})")

@@ -13,7 +13,7 @@ import itertools
 import json
 from typing import Any
 
-from raysent.config import SpaceEntry
+from raysent.config import ExperimentConfig, SpaceEntry, hyperparameters
 
 PRIMITIVE = (str, int, float, bool, type(None))
 
@@ -97,3 +97,41 @@ def config_id(hp: dict) -> str:
     import hashlib
 
     return hashlib.sha1(json.dumps(hp, sort_keys=True, default=str).encode()).hexdigest()[:10]
+
+
+def _own_value(cfg: ExperimentConfig, name: str) -> Any:
+    """The experiment's value of a searched entry: a flat hyperparameter name, or a dotted path."""
+    if "." not in name:
+        return hyperparameters(cfg).get(name)
+    node: Any = cfg.to_dict()
+    for part in name.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def paper_point(cfg: ExperimentConfig) -> tuple[dict | None, str]:
+    """The experiment's own values of its searched entries (the method's paper defaults, or what the file
+    fixed), decoded; and, if they are not a point of the space Optuna samples (a value outside a range, not
+    among a choice's values), why (a grid can still take them as an extra point). None: a value is unset."""
+    space = cfg.search.space if cfg.search else {}
+    point: dict[str, Any] = {}
+    outside = ""
+    for name in ordered(space):
+        e = space[name]
+        if not _active(e, point):
+            continue
+        value = _own_value(cfg, name)
+        if value is None:
+            return None, f"{name} has no value of its own"
+        if e.type == "choice":
+            if value not in e.values and not outside:
+                outside = f"{name}={value!r} is not among its searched values {e.values}"
+        elif not (e.low <= value <= e.high) and not outside:
+            outside = f"{name}={value!r} is outside its searched range [{e.low}, {e.high}]"
+        point[name] = int(value) if e.type == "int" else value
+    return point, outside
+
+
+def encode(point: dict, space: dict[str, SpaceEntry]) -> dict:
+    """Decoded values -> what Optuna's trial sees (choice labels), for ``enqueue_trial``."""
+    return {k: _label(v) if space[k].type == "choice" else v for k, v in point.items()}

@@ -186,7 +186,7 @@ def estimate_seconds(cfg: ExperimentConfig, arm: str, est: Estimate) -> dict:
     if arm == "searched":
         from raysent.tune.search import search_trials
 
-        search = search_trials(cfg.search)
+        search = search_trials(cfg)
     conc = max(1, cfg.search.max_concurrent_trials if cfg.search else 1)
     run_seconds = search * train + final * (train + est.test_eval_seconds)
     # trials run in rounds of `conc`: a last, partial round leaves workers idle
@@ -311,8 +311,9 @@ def run_suite(path: str | Path, resume: bool = False, only: list[str] | None = N
             + f" ({time.time() - t0:.0f} s into the suite)")
         a = time.time()
         try:
+            # the suite's own paper arm is the comparison: the searched arm runs no second paper final phase
             tune_experiment(cfg, resume=st == "started", final_only=arm == "paper", quiet=True,
-                            source=f"{path} ({entry.name}, {arm})")
+                            source=f"{path} ({entry.name}, {arm})", paper_arm=False)
         except (Interrupted, KeyboardInterrupt) as exc:
             raise Interrupted(f"suite {suite.name} interrupted in {cfg.name} after {len(done)} of {len(todo)} "
                               f"experiment(s) ({exc or 'Ctrl-C'}); `raysent suite {path} --resume` continues it: "

@@ -42,6 +42,7 @@ class TrialContext(BaseModel):
     mlflow: MlflowTarget | None = None
     env: dict[str, str] = {}  # RAYSENT_DATA_DIR & co. as the driver resolved them
     hp: dict[str, Any] = {}  # the final phase's configuration
+    arm: str = ""  # the final phase's second arm ("paper": search.warm_start's comparison), in its folder names
 
     @property
     def experiment(self) -> str:
@@ -103,7 +104,8 @@ def resolve_trial(config: dict, ctx: TrialContext, trial_id: str) -> tuple[dict,
         seed = search_seed(base, int(config.get("__trial_index__", config.get("seed_index", 0))))
     else:
         hp, seed = dict(ctx.hp), int(config["seed"])
-    out = Path(ctx.exp_dir) / ctx.phase / ctx.run / (trial_id if ctx.phase == "search" else f"seed{seed}")
+    out = Path(ctx.exp_dir) / ctx.phase / ctx.run / (trial_id if ctx.phase == "search"
+                                                     else f"{ctx.arm + '-' if ctx.arm else ''}seed{seed}")
     cfg = with_overrides(base, {**hp, "train.seed": seed, "train.output_dir": str(out)})
     return hp, seed, config_id(hp), cfg
 

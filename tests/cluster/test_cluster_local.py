@@ -111,6 +111,7 @@ resources: {{cpus_per_worker: 0.9, storage_path: {storage}}}
 tracking: {{results_dir: {results}}}
 search:
   algorithm: random
+  warm_start: none
   num_samples: 2
   max_concurrent_trials: 2
   space:

@@ -206,17 +206,25 @@ def test_dry_run_counts_every_trial_and_says_what_happens_to_checkpoints():
     seeds (Tune expands a grid lazily, so this count is also what an interrupted search is checked against)."""
     import json
 
+    from raysent.tune.search import search_grid
     from raysent.tune.space import grid
 
     from conftest import run_cli
 
     quick = json.loads(run_cli("tune", str(SPACES / "quick.yaml"), "--dry-run", "--format", "json").stdout)
     assert quick["search"]["trials"] == 3 * 2 and quick["final"]["runs"] == 2
+    assert quick["search"]["first configuration (search.warm_start)"] == {"lr": 1.0e-4}  # a grid point already
     assert quick["trial checkpoints"].startswith("deleted")
     base_cfg = load_config(SPACES / "baseline.yaml")
-    base = json.loads(run_cli("tune", str(SPACES / "baseline.yaml"), "--dry-run", "--format", "json",
-                              "--set", "search.keep_checkpoints=true", "--set", "search.seeds=2").stdout)
-    assert base["search"]["trials"] == len(grid(base_cfg.search.space)) * 2 > 2
+    args = ("tune", str(SPACES / "baseline.yaml"), "--dry-run", "--format", "json",
+            "--set", "search.keep_checkpoints=true", "--set", "search.seeds=2")
+    # bert-base is not on this machine: the plan is printed, then the check before training fails (exit 2)
+    proc = run_cli(*args, check=False)
+    assert proc.returncode == 2 and "model 'bert-base-uncased' not found" in proc.stderr
+    assert json.loads(proc.stdout)["checked"].startswith("FAILED")
+    base = json.loads(run_cli(*args, "--set", "model.name=raw-bert-mini-mlm").stdout)
+    assert base["search"]["trials"] == len(search_grid(base_cfg)) * 2 > 2
+    assert len(search_grid(base_cfg)) in (len(grid(base_cfg.search.space)), len(grid(base_cfg.search.space)) + 1)
     assert base["trial checkpoints"] == "kept"
 
 

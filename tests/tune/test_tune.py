@@ -44,6 +44,7 @@ search:
 
 SEARCH = """\
   algorithm: optuna
+  warm_start: none   # the order below is Optuna's own (search.warm_start is tested on its own)
   seed: 2            # Optuna's first three suggestions: two good configurations, then temperature 1e-45
   num_samples: 3
   seeds: 2
@@ -133,6 +134,7 @@ def test_search_seeds_failures_final_phase_and_mlflow(ray_cluster, tmp_path):
 
 RESUME_SEARCH = """\
   algorithm: optuna
+  warm_start: none
   keep_checkpoints: true
   num_samples: 2
   seeds: 2
@@ -190,6 +192,7 @@ def test_an_interrupted_search_resumes_with_no_trial_lost_or_repeated(ray_cluste
 
 ASHA_SEARCH = """\
   algorithm: grid
+  warm_start: none
   seeds: 1
   max_concurrent_trials: 1
   scheduler: {type: asha, grace_period: 1, reduction_factor: 2}
@@ -269,3 +272,42 @@ def test_an_interrupted_asha_search_resumes_and_records_the_trials_it_stops(ray_
         assert not (best.parent / "checkpoint").exists()
     assert sorted(s["trial_id"] for s in summary["best"]["stopped"]) == sorted(r["trial_id"] for r in stopped)
     assert summary["best"]["hp"]["lr"] == pytest.approx(1.0e-9)
+
+
+WARM_SEARCH = """\
+  algorithm: grid
+  seeds: 1
+  max_concurrent_trials: 2
+  space:
+    lr: {type: choice, values: [1.0e-9, 3.0e-4]}   # the file's (the paper's) lr 1e-4 is not a grid point
+"""
+
+
+def test_warm_start_tries_the_papers_setting_first_and_compares_the_best_with_it(ray_cluster, tmp_path):
+    """search.warm_start: paper (the default): the experiment's own lr is tried first although the grid lacks
+    it, and when the search picks another configuration the final phase runs the paper's too, on the same
+    seeds; the summary pairs them (raysent compare's statistics) and prints both rows."""
+    from raysent.report.compare import compare
+    from raysent.tune.search import format_summary, tune_experiment
+    from raysent.tune.space import config_id
+
+    cfg = load_config(experiment(tmp_path, "warm", WARM_SEARCH, "[1, 2]", sts_sets="[stsb, sickr]"))
+    summary = tune_experiment(cfg, quiet=True)
+    exp = tmp_path / "results" / "warm"
+    search = sorted(json.loads(p.read_text())["hp"]["lr"] for p in (exp / "runs").glob("search-*.json"))
+    assert search == pytest.approx([1.0e-9, 1.0e-4, 3.0e-4])  # the grid, and the paper's point
+    paper_cid = config_id({"lr": 1.0e-4})
+    best_cid = summary["best"]["config_id"]
+    finals = {(r["config_id"], r["seed"]) for r in (json.loads(p.read_text()) for p in (exp / "runs").glob("final-*"))}
+    # lr 1e-4 lowers raw BERT's SICK-R dev over the first steps (ASHA_SEARCH above); 1e-9 keeps it: 1e-9 wins
+    assert best_cid == config_id({"lr": 1.0e-9}) != paper_cid
+    assert finals == {(best_cid, 1), (best_cid, 2), (paper_cid, 1), (paper_cid, 2)}
+    vs = summary["vs_paper"]
+    assert (vs["paper"], vs["searched"]) == (paper_cid, best_cid)
+    runs = exp / "runs"
+    again = compare([str(runs / f"final-*-{paper_cid}-seed*.json"), str(runs / f"final-*-{best_cid}-seed*.json")],
+                    exp.parent)["comparisons"][0]["tasks"]
+    assert vs["tasks"]["stsb"]["diff_mean"] == pytest.approx(again["stsb"]["diff_mean"])
+    assert summary["paper"]["scores"]["sts/stsb"]["n"] == 2
+    text = format_summary(summary)
+    assert "  searched " in text and "  paper " in text and "  Δ " in text
