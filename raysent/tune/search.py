@@ -545,6 +545,16 @@ def pick_best(cfg: ExperimentConfig, exp: Path, run: str, mlflow: dict | None, f
     return best
 
 
+def final_scores(recs: list[dict]) -> dict[str, dict]:
+    """Every score of the final runs: mean, sample std (n−1; 0 for one run) and n over the runs that have it."""
+    scores = {}
+    for k in sorted({k for r in recs for k in r["scores"]}):
+        vals = [r["scores"][k] for r in recs if k in r["scores"]]
+        scores[k] = {"mean": float(np.mean(vals)), "std": float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0,
+                     "n": len(vals)}
+    return scores
+
+
 def run_final(cfg: ExperimentConfig, exp: Path, state: dict, best: dict, mlflow: dict | None, resume: bool,
               say, arm: str = "") -> dict:
     """The final phase: ``best`` on every seed, evaluated on the test sets (``arm`` "paper": the paper's
@@ -583,12 +593,7 @@ def run_final(cfg: ExperimentConfig, exp: Path, state: dict, best: dict, mlflow:
     recs = [r for r in _records(exp, "final", run) if r["config_id"] == best["config_id"]]
     if not recs:
         raise RaysentError(f"final phase: no run finished; errors: {errors}")
-    keys = sorted({k for r in recs for k in r["scores"]})
-    scores = {}
-    for k in keys:
-        vals = [r["scores"][k] for r in recs if k in r["scores"]]
-        scores[k] = {"mean": float(np.mean(vals)), "std": float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0,
-                     "n": len(vals)}
+    scores = final_scores(recs)
     if mlflow:
         flat = {**{f"{k}_mean": v["mean"] for k, v in scores.items()},
                 **{f"{k}_std": v["std"] for k, v in scores.items()}}

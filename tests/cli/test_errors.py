@@ -167,17 +167,18 @@ def test_an_unwritable_results_folder_is_named_without_a_traceback(tmp_path, mon
 
     from conftest import REPO
 
-    shutil.copytree(REPO / "results" / "quick" / "runs", tmp_path / "quick" / "runs")
-    (tmp_path / "quick" / "plots").write_text("")  # a file where the plots folder goes
-    assert main(["plot", "quick", "--results-dir", str(tmp_path), "--kinds", "dev"]) == 2
+    exp = "mini-supcon-searched"  # committed run files
+    shutil.copytree(REPO / "results" / exp / "runs", tmp_path / exp / "runs")
+    (tmp_path / exp / "plots").write_text("")  # a file where the plots folder goes
+    assert main(["plot", exp, "--results-dir", str(tmp_path), "--kinds", "dev"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"raysent: error: cannot write {tmp_path / 'quick' / 'plots'}: File exists") and \
+    assert err.startswith(f"raysent: error: cannot write {tmp_path / exp / 'plots'}: File exists") and \
         "Traceback" not in err
 
     def read_only(path, *args, **kwargs):
         raise PermissionError(errno.EACCES, "Permission denied", str(path))
 
     monkeypatch.setattr(table_mod.Path, "write_text", read_only)
-    assert main(["table", "quick", "--results-dir", str(tmp_path)]) == 2
+    assert main(["table", exp, "--results-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "cannot write" in err and "Permission denied" in err and "--results-dir" in err

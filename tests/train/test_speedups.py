@@ -74,7 +74,9 @@ def assert_grads_equal(got: dict, want: dict, label: str) -> None:
     assert len(want) > 20, label
     for name, ref in want.items():
         scale = max(float(ref.abs().max()), 1e-3)
-        torch.testing.assert_close(got[name], ref, rtol=0, atol=2e-5 * scale, msg=f"{label}: {name}")
+        # float32 summation order: supcon's mean_no_cls through length buckets differs by 2.6e-5 of the largest
+        # gradient of its tensor in float32, by 2.7e-14 when the same step runs in float64
+        torch.testing.assert_close(got[name], ref, rtol=0, atol=5e-5 * scale, msg=f"{label}: {name}")
 
 
 @pytest.mark.parametrize("method,params,data", METHODS, ids=[m[0] for m in METHODS])
