@@ -35,6 +35,7 @@ def test_tune_dry_run_reports_every_problem_at_once_and_exits_2(tmp_path):
     assert not results.exists()  # nothing written
 
 
+@pytest.mark.slow  # CLI subprocesses (~15 s)
 @pytest.mark.shared
 def test_dry_runs_print_row_counts_and_an_estimate(tmp_path):
     proc = run_cli("tune", QUICK, "--dry-run", "--format", "json", "--set", f"tracking.results_dir={tmp_path}")
@@ -65,6 +66,7 @@ def test_a_model_folder_without_weights_is_named_as_such(tmp_path):
         check_model(str(tmp_path / "gone"))
 
 
+@pytest.mark.slow  # CLI subprocesses (~15 s)
 @pytest.mark.shared
 def test_unwritable_results_and_an_unstarted_resume_leave_nothing_behind(tmp_path):
     blocker = tmp_path / "a-file"

@@ -201,6 +201,7 @@ def test_headline_numbers(published):
 
 
 # --------------------------------------------------------------------------- the plan (--dry-run)
+@pytest.mark.slow  # four CLI subprocesses (~19 s)
 def test_dry_run_counts_every_trial_and_says_what_happens_to_checkpoints():
     """`raysent tune --dry-run` starts nothing and plans the trials the search will have: a grid's points ×
     seeds (Tune expands a grid lazily, so this count is also what an interrupted search is checked against)."""
