@@ -81,10 +81,6 @@ def start_run(uri: str, experiment_id: str, name: str, tags: dict, parent: str |
     return client(uri).create_run(experiment_id, run_name=name, tags=tags).info.run_id
 
 
-def end_run(uri: str, run_id: str, status: str = "FINISHED") -> None:
-    client(uri).set_terminated(run_id, status=status)
-
-
 def reopen_run(uri: str, run_id: str) -> None:
     """A resumed search's run is RUNNING again (it ended KILLED when the search was interrupted)."""
     try:

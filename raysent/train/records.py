@@ -128,14 +128,19 @@ class TrainSummary(BaseModel):
         return self.model_dump()
 
 
+def _problems(exc: ValidationError) -> str:
+    """The first five problems of a failed validation: the field, what is wrong, what was found."""
+    return "; ".join(f"field '{'.'.join(map(str, e['loc']))}': {e['msg']}" +
+                     (f" (found {e['input']!r})" if e["type"] != "missing" else "") for e in exc.errors()[:5])
+
+
 def read_summary(path: str | Path) -> TrainSummary:
     """The training summary in ``path`` (a run's result.json), validated."""
     path = Path(path)
     try:
         return TrainSummary.model_validate(json.loads(path.read_text(encoding="utf-8")))
     except (ValidationError, json.JSONDecodeError) as exc:
-        problems = (str(exc) if isinstance(exc, json.JSONDecodeError) else
-                    "; ".join(f"field '{'.'.join(map(str, e['loc']))}': {e['msg']}" for e in exc.errors()[:5]))
+        problems = str(exc) if isinstance(exc, json.JSONDecodeError) else _problems(exc)
         raise RaysentError(f"{path}: not a valid training summary: {problems}") from None
 
 
@@ -177,10 +182,7 @@ def validate_record(data: Any, source: str) -> RunRecord:
     try:
         return RunRecord.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(f"field '{'.'.join(map(str, e['loc']))}': {e['msg']}" +
-                             (f" (found {e['input']!r})" if e["type"] != "missing" else "")
-                             for e in exc.errors()[:5])
-        raise RaysentError(f"{source}: not a valid run record: {problems}") from None
+        raise RaysentError(f"{source}: not a valid run record: {_problems(exc)}") from None
 
 
 def read_record(path: str | Path) -> RunRecord:
