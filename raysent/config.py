@@ -254,7 +254,9 @@ class SearchConfig(Strict):
     algorithm: Literal["optuna", "random", "grid"] = "optuna"
     seed: int = Field(0, description="seed of the search algorithm (Optuna's TPE sampler)")
     seeds: int = Field(1, gt=0, description="runs per configuration (different seeds); the search "
-                       "sees their mean")
+                       "sees their mean. With a scheduler, one trial trains all of a configuration's seeds in "
+                       "turns and reports their mean dev curve, so the scheduler stops configurations on the "
+                       "seed mean (docs/search.md)")
     scheduler: SchedulerConfig | None = None
     max_concurrent_trials: int = Field(1, gt=0)
     warm_start: Literal["paper", "none"] = Field(
@@ -281,11 +283,6 @@ class SearchConfig(Strict):
         if self.algorithm == "grid" and any(e.type != "choice" for e in self.space.values()):
             bad = [n for n, e in self.space.items() if e.type != "choice"]
             raise ValueError(f"algorithm 'grid' needs 'choice' entries only; not: {', '.join(bad)}")
-        if self.scheduler is not None and self.seeds > 1:
-            raise ValueError(
-                "a scheduler (ASHA) cannot be combined with seeds > 1: Tune's Repeater averages the "
-                "seeds only when every repeat finishes, and an early-stopping scheduler would stop some "
-                "of them, so the search would see wrong means. Use seeds: 1 with a scheduler, or no scheduler")
         return self
 
 
@@ -512,6 +509,10 @@ def _cross_checks(cfg: ExperimentConfig, method_cls, source: str, root, check_se
              f"resources.workers={cfg.resources.workers}")
     if not cfg.seeds:
         fail(("seeds",), "at least one seed is needed")
+    if cfg.search is not None and cfg.search.scheduler is not None and cfg.search.seeds > 1 and cfg.resources.workers:
+        fail(("resources", "workers"), f"got {cfg.resources.workers}: with search.scheduler and search.seeds > 1 a "
+             "trial trains its configuration's seeds in turns in its own process; allowed: null (each trial "
+             "still gets resources.gpus_per_worker), or search.seeds: 1, or no scheduler")
     if cfg.search is not None and check_search:
         names = hyperparameter_names(cfg)
         for key, entry in cfg.search.space.items():

@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from raysent.config import ExperimentConfig, with_overrides
+from raysent.config import ExperimentConfig, parse_config, with_overrides
 from raysent.errors import Interrupted, RaysentError
 from raysent.io import write_json_atomic
 from raysent.train.records import RunRecord, TrainSummary, learned, read_record, validate_record
@@ -57,6 +57,7 @@ from raysent.tune.trial import (
     record_path,
     resolve_trial,
     save_record,
+    seeds_in_one_trial,
     training_fields,
     trial_dirname,
     trial_identity,
@@ -98,6 +99,14 @@ def run_trial(config: dict, ctx: TrialContext) -> None:
         if key not in os.environ or os.path.exists(value):
             os.environ[key] = value
     trial_id = tune.get_context().get_trial_id()
+    if ctx.phase == "search" and seeds_in_one_trial(parse_config(ctx.config, source=ctx.source)):
+        from raysent.tune.seeds import run_seed_group, seed_mean
+
+        records = run_seed_group(config, ctx, trial_id)
+        mean = seed_mean([_reported(r, ctx.metric) for r in records])
+        tune.report({**mean, "seeds": len(records), "finished": True,
+                     RECORD_KEY: json.dumps(records, default=str)})
+        return
     hp, seed, cid, cfg = resolve_trial(config, ctx, trial_id)
     identity = trial_identity(ctx, hp, seed, trial_id)
     done = record_path(ctx, RunRecord.model_construct(**identity, search=ctx.run))
@@ -109,10 +118,15 @@ def run_trial(config: dict, ctx: TrialContext) -> None:
         data = train_and_record(cfg, ctx, hp, seed, trial_id, identity)
     # the record also travels in the result: on a cluster this trial may run on another node, whose disk the
     # driver cannot read; the driver writes every record it gets back into its own results/<exp>/runs
-    tune.report({ctx.metric: data["best_dev_spearman"] if ctx.metric == "best_dev_spearman"
-                 else (data["dev_curve"][-1].get(ctx.metric, math.nan) if data["dev_curve"] else math.nan),
-                 "seed": seed, "finished": True, RECORD_KEY: json.dumps(data, default=str),
+    tune.report({**_reported(data, ctx.metric), "seed": seed, "finished": True,
+                 RECORD_KEY: json.dumps(data, default=str),
                  **{k: v for k, v in data.get("scores", {}).items() if isinstance(v, float)}})
+
+
+def _reported(record: dict, metric: str) -> dict:
+    """What a finished run tells the searcher: its best dev score, or ``metric`` at its last evaluation."""
+    return {metric: record["best_dev_spearman"] if metric == "best_dev_spearman"
+            else (record["dev_curve"][-1].get(metric, math.nan) if record["dev_curve"] else math.nan)}
 
 
 def train_and_record(cfg: ExperimentConfig, ctx: TrialContext, hp: dict, seed: int, trial_id: str,
@@ -149,11 +163,13 @@ def _sync_records(results, exp: Path) -> int:
         text = (r.metrics or {}).get(RECORD_KEY)
         if not text:
             continue
-        rec = validate_record(json.loads(text), f"the record trial {r.metrics.get('trial_id')} sent")
-        path = exp / "runs" / f"{rec.phase}-{rec.search}-{rec.config_id}-seed{rec.seed}.json"
-        if not path.is_file():
-            write_json_atomic(path, rec.to_json())
-            written += 1
+        sent = json.loads(text)  # one record, or a list: the seeds of a trial that trains them all
+        for data in sent if isinstance(sent, list) else [sent]:
+            rec = validate_record(data, f"the record trial {r.metrics.get('trial_id')} sent")
+            path = exp / "runs" / f"{rec.phase}-{rec.search}-{rec.config_id}-seed{rec.seed}.json"
+            if not path.is_file():
+                write_json_atomic(path, rec.to_json())
+                written += 1
     return written
 
 
@@ -213,7 +229,8 @@ def search_grid(cfg: ExperimentConfig) -> list[dict]:
 
 
 def search_trials(cfg: ExperimentConfig) -> int:
-    """How many trials a search has: every grid point, or ``num_samples`` suggestions, each on ``seeds`` seeds."""
+    """How many runs a search trains (at most: a scheduler stops some): every grid point, or ``num_samples``
+    suggestions, each on ``seeds`` seeds."""
     s = cfg.search
     return (len(search_grid(cfg)) if s.algorithm == "grid" else s.num_samples) * s.seeds
 
@@ -234,7 +251,9 @@ def plan(cfg: ExperimentConfig, final_only: bool = False) -> dict:
             "algorithm": s.algorithm,
             "configurations": len(search_grid(cfg)) if s.algorithm == "grid" else s.num_samples,
             "first configuration (search.warm_start)": warm_point(cfg) or "none",
-            "seeds per configuration": s.seeds, "trials": trials, "metric": f"{s.metric} ({s.mode})",
+            "seeds per configuration": s.seeds
+            + (" (in one trial, in turns: the scheduler stops configurations on their seed mean)"
+               if seeds_in_one_trial(cfg) else ""), "trials": trials, "metric": f"{s.metric} ({s.mode})",
             "space": {k: {f: v for f, v in e.model_dump().items() if v is not None} for k, e in s.space.items()},
             "scheduler": s.scheduler.model_dump() if s.scheduler else None,
             "max_concurrent_trials": s.max_concurrent_trials},
@@ -383,9 +402,10 @@ def _searcher(cfg: ExperimentConfig, exp: Path, run: str, metric: str):
     from ray import tune
 
     s = cfg.search
+    apart = s.seeds > 1 and not seeds_in_one_trial(cfg)  # a trial per (configuration, seed)
     if s.algorithm == "grid":
         return None, {"hp": tune.grid_search(search_grid(cfg)),
-                      "seed_index": tune.grid_search(list(range(s.seeds)))}
+                      **({"seed_index": tune.grid_search(list(range(s.seeds)))} if apart else {})}
     import optuna
     from ray.tune.search.optuna import OptunaSearch
 
@@ -396,7 +416,7 @@ def _searcher(cfg: ExperimentConfig, exp: Path, run: str, metric: str):
     searcher = OptunaSearch(space=DefineByRun(s.space), sampler=sampler,
                             study_name=f"search-{run}", storage=storage, metric=metric, mode=s.mode,
                             points_to_evaluate=[encode(first, s.space)] if first is not None else None)
-    if s.seeds > 1:
+    if apart:
         from ray.tune.search import Repeater
 
         searcher = Repeater(searcher, repeat=s.seeds, set_index=True)
@@ -431,12 +451,15 @@ def run_search(cfg: ExperimentConfig, exp: Path, state: dict, mlflow: dict | Non
     callbacks.append(fail_fast)
     storage = tune_storage(cfg, exp)
     path = f"{storage.rstrip('/')}/search-{run}"
-    n = 1 if s.algorithm == "grid" else s.num_samples * s.seeds  # Tune's samples (it expands a grid itself)
-    total = search_trials(cfg)
+    per = 1 if seeds_in_one_trial(cfg) else s.seeds  # Tune trials per configuration
+    n = 1 if s.algorithm == "grid" else s.num_samples * per  # Tune's samples (it expands a grid itself)
+    total = search_trials(cfg) // s.seeds * per
     first = warm_point(cfg, say)
     if first is not None:
         say(f"search.warm_start: the paper's setting {first} is tried first")
-    say(f"search {run}: {s.algorithm}, {total} trials ({s.seeds} seed(s) each), metric {metric} ({s.mode})")
+    say(f"search {run}: {s.algorithm}, {total} trials "
+        + (f"(each trains {s.seeds} seeds in turns; the scheduler sees their mean)" if per == 1 < s.seeds
+           else f"({s.seeds} seed(s) each)") + f", metric {metric} ({s.mode})")
     if resume and Tuner.can_restore(path):
         tuner = Tuner.restore(path, trainable=trainable, resume_unfinished=True, resume_errored=False,
                               restart_errored=False, param_space=param_space)

@@ -16,11 +16,13 @@ stopped trials.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
 from ray.tune import Callback
 
+from raysent.tune.seeds import SEED_POINTS
 from raysent.tune.trial import (
     LIVE_RUN_FILE,
     RECORD_KEY,
@@ -42,18 +44,30 @@ def curve_point(result: dict) -> dict | None:
             **{k: v for k, v in result.items() if (k == "dev_spearman" or k.startswith("dev/"))}}
 
 
+SEED_KEY = "/seed"
+
+
 class StoppedTrials(Callback):
     """Records trials that end without their run record (stopped by the scheduler); see the module."""
 
     def __init__(self, ctx: TrialContext):
         self.ctx = ctx
-        self.curves: dict[str, list[dict]] = {}
+        self.curves: dict[str, list[dict]] = {}  # by trial id, or "<trial id>/seed<seed>"
+        self.latest: dict[str, dict] = {}  # a seed's newest point (its best so far), by "<trial id>/seed<seed>"
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
+        if SEED_POINTS in result:  # a trial of all its configuration's seeds: each seed's curve
+            for seed, point in json.loads(result[SEED_POINTS]).items():
+                self._add(f"{trial.trial_id}{SEED_KEY}{seed}", point)
+                self.latest[f"{trial.trial_id}{SEED_KEY}{seed}"] = point
+        else:
+            self._add(trial.trial_id, result)
+
+    def _add(self, key: str, result: dict) -> None:
         point = curve_point(result)
         if point is None:
             return
-        curve = self.curves.setdefault(trial.trial_id, [])
+        curve = self.curves.setdefault(key, [])
         if curve and curve[-1]["step"] == point["step"]:  # the end-of-run report repeats the last evaluation
             curve[-1] = point
         else:
@@ -61,19 +75,25 @@ class StoppedTrials(Callback):
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         last = trial.last_result or {}
-        if last.get(RECORD_KEY) or not self.curves.get(trial.trial_id):
-            return  # ran to its end (run_trial wrote and sent its record), or ended before any evaluation
-        try:
-            self.record(trial, last)
-        except Exception as exc:
-            import warnings
+        if last.get(RECORD_KEY):
+            return  # ran to its end (run_trial wrote and sent its record(s))
+        prefix = f"{trial.trial_id}{SEED_KEY}"
+        seeds = [int(k[len(prefix):]) for k in self.curves if k.startswith(prefix)]
+        for seed in seeds or ([None] if self.curves.get(trial.trial_id) else []):  # none: no evaluation yet
+            try:
+                own = {**last, **self.latest[f"{prefix}{seed}"]} if seed is not None else last
+                self.record(trial, own, seed)
+            except Exception as exc:
+                import warnings
 
-            warnings.warn(f"could not record stopped trial {trial.trial_id}: {exc}", stacklevel=2)
+                warnings.warn(f"could not record stopped trial {trial.trial_id}"
+                              + (f" (seed {seed})" if seed is not None else "") + f": {exc}", stacklevel=2)
 
-    def record(self, trial, last: dict) -> Path:
+    def record(self, trial, last: dict, seed: int | None = None) -> Path:
+        """Write the record of a stopped trial (``seed``: one seed of a trial that trains them all)."""
         ctx = self.ctx
-        hp, seed, _, cfg = resolve_trial(trial.config, ctx, trial.trial_id)
-        curve = self.curves[trial.trial_id]
+        curve = self.curves[trial.trial_id if seed is None else f"{trial.trial_id}{SEED_KEY}{seed}"]
+        hp, seed, _, cfg = resolve_trial(trial.config, ctx, trial.trial_id, seed=seed)
         best = max(curve, key=lambda p: p["dev_spearman"])
         out = cfg.output_dir()
         if cfg.resources.workers and not (out / "best").is_dir():
@@ -111,7 +131,8 @@ class StoppedTrials(Callback):
 
     # Tune saves a callback's state with the experiment's: a resumed search keeps the curves so far
     def get_state(self) -> dict:
-        return {"curves": self.curves}
+        return {"curves": self.curves, "latest": self.latest}
 
     def set_state(self, state: dict) -> None:
         self.curves = dict(state.get("curves", {}))
+        self.latest = dict(state.get("latest", {}))

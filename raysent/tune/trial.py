@@ -69,6 +69,19 @@ def search_seed(cfg: ExperimentConfig, index: int) -> int:
     return cfg.seeds[index] if index < len(cfg.seeds) else cfg.train.seed + index
 
 
+def seeds_in_one_trial(cfg: ExperimentConfig) -> bool:
+    """Whether a search trial trains all of its configuration's seeds (:mod:`raysent.tune.seeds`): with a
+    scheduler and ``search.seeds`` > 1, so the scheduler stops configurations on their seed mean. Otherwise
+    a trial is one (configuration, seed) and Tune's ``Repeater`` gives the searcher the mean."""
+    s = cfg.search
+    return s is not None and s.scheduler is not None and s.seeds > 1
+
+
+def search_seeds(cfg: ExperimentConfig) -> list[int]:
+    """The seeds every configuration of the search runs on."""
+    return [search_seed(cfg, i) for i in range(cfg.search.seeds if cfg.search else 1)]
+
+
 class TrialNamer:
     """Tune's ``trial_name_creator``: a trial named by what differs (``lr=0.0001 · seed 1``), in Tune's
     console table as in MLflow, instead of ``run_trial_7eddca46``. Its folder keeps Tune's id
@@ -77,11 +90,15 @@ class TrialNamer:
     def __init__(self, cfg: ExperimentConfig, phase: str, hp: dict | None = None):
         self.space = cfg.search.space if cfg.search else {}
         self.seeds, self.seed, self.phase, self.hp = list(cfg.seeds), cfg.train.seed, phase, dict(hp or {})
+        self.together = search_seeds(cfg) if seeds_in_one_trial(cfg) else []
 
     def __call__(self, trial) -> str:
         from raysent.tracking import run_name
 
         config = trial.config
+        if self.phase == "search" and self.together:
+            name = run_name({"phase": self.phase, "hp": decode(config, self.space), "seed": 0})
+            return name.split(": ", 1)[1].rsplit(" · ", 1)[0] + " · seeds " + ",".join(map(str, self.together))
         if self.phase == "search":
             hp = decode(config, self.space)
             index = int(config.get("__trial_index__", config.get("seed_index", 0)))
@@ -96,16 +113,22 @@ def trial_dirname(trial) -> str:
     return f"{trial.trainable_name}_{trial.trial_id}"
 
 
-def resolve_trial(config: dict, ctx: TrialContext, trial_id: str) -> tuple[dict, int, str, ExperimentConfig]:
-    """(hyperparameters, seed, config_id, resolved config) of one trial of the phase ``ctx`` describes."""
+def resolve_trial(config: dict, ctx: TrialContext, trial_id: str,
+                  seed: int | None = None) -> tuple[dict, int, str, ExperimentConfig]:
+    """(hyperparameters, seed, config_id, resolved config) of one trial of the phase ``ctx`` describes
+    (``seed``: one of the seeds of a trial that trains them all, in its own subfolder)."""
     base = parse_config(ctx.config, source=ctx.source)
     if ctx.phase == "search":
         hp = decode(config, base.search.space)
-        seed = search_seed(base, int(config.get("__trial_index__", config.get("seed_index", 0))))
+        if seed is None:
+            seed = search_seed(base, int(config.get("__trial_index__", config.get("seed_index", 0))))
+            folder = trial_id
+        else:
+            folder = f"{trial_id}/seed{seed}"
     else:
         hp, seed = dict(ctx.hp), int(config["seed"])
-    out = Path(ctx.exp_dir) / ctx.phase / ctx.run / (trial_id if ctx.phase == "search"
-                                                     else f"{ctx.arm + '-' if ctx.arm else ''}seed{seed}")
+        folder = f"{ctx.arm + '-' if ctx.arm else ''}seed{seed}"
+    out = Path(ctx.exp_dir) / ctx.phase / ctx.run / folder
     cfg = with_overrides(base, {**hp, "train.seed": seed, "train.output_dir": str(out)})
     return hp, seed, config_id(hp), cfg
 

@@ -61,8 +61,9 @@ CONFIG_CASES = [
      ["exp.yaml:14", "search.space.temprature", "not a hyperparameter", "did you mean 'temperature'"]),
     (GOOD + "search:\n  space:\n    temperature: {type: loguniform, low: 0, high: 0.1}\n",
      ["exp.yaml:14", "search.space.temperature", "low > 0"]),
-    (GOOD + "search:\n  seeds: 3\n  scheduler: {type: asha}\n  space:\n    lr: {type: choice, values: [1.0e-5]}\n",
-     ["exp.yaml:12", "scheduler", "seeds > 1", "Repeater"]),
+    (GOOD + "resources:\n  workers: 2\nsearch:\n  seeds: 3\n  scheduler: {type: asha}\n  space:\n"
+     "    lr: {type: choice, values: [1.0e-5]}\n",
+     ["exp.yaml:13", "resources.workers", "got 2", "seeds in turns", "allowed: null"]),
     (GOOD + "search:\n  space:\n    temperature: {type: choice, values: [0.05, -1]}\n",
      ["search.space.temperature", "-1", "not valid", "greater than 0"]),
     (GOOD.replace("name: ok", "name: my experiment"), ["exp.yaml:1", "name", "'my experiment'", "letters, digits"]),

@@ -254,24 +254,54 @@ def test_trials_training_in_their_own_process_reuse_it_even_after_asha_stops_one
             [p["step"] for p in rec["dev_curve"]]
 
 
-def test_an_interrupted_asha_search_resumes_and_records_the_trials_it_stops(ray_cluster, tmp_path):
-    """Ctrl-C after ASHA's first finished trial, then --resume: every configuration is recorded once,
-    finished (runs/) or stopped by ASHA (stopped/, best model kept, checkpoint gone), and the summary names
-    the stopped ones."""
-    path = experiment(tmp_path, "asha-resume", ASHA_SEARCH, "[1]", sts_sets="[stsb]", max_steps=8)
-    exp = tmp_path / "results" / "asha-resume"
-    summary = interrupt_and_resume(ray_cluster, path, exp / "runs", expected=3)
+def test_asha_on_the_seed_mean_resumes_and_records_every_seed(ray_cluster, tmp_path):
+    """ASHA with seeds: 2: a trial is a configuration training both seeds in turns and reporting their mean;
+    Ctrl-C after the first configuration, then --resume. Every (configuration, seed) is recorded once, finished
+    (runs/) or stopped with its configuration (stopped/, best model kept, checkpoint gone, MLflow KILLED); what
+    ASHA compared at each rung is the mean over the seeds of their best dev score so far."""
+    from mlflow.tracking import MlflowClient
+    from ray.tune import ExperimentAnalysis
+
+    search = ASHA_SEARCH.replace("seeds: 1", "seeds: 2")
+    path = experiment(tmp_path, "asha-seeds", search, "[1]", sts_sets="[stsb]", max_steps=8)
+    exp = tmp_path / "results" / "asha-seeds"
+    summary = interrupt_and_resume(ray_cluster, path, exp / "runs", expected=6)
     finished = [json.loads(p.read_text()) for p in (exp / "runs").glob("search-*.json")]
     stopped = [json.loads(p.read_text()) for p in (exp / "stopped").glob("search-*.json")]
-    assert stopped and sorted(r["hp"]["lr"] for r in finished + stopped) == pytest.approx([1.0e-9, 1.0e-4, 2.0e-4])
-    assert len({r["trial_id"] for r in finished + stopped}) == 3
+    assert stopped and len(finished) + len(stopped) == 6
+    trials = {}
+    for r in finished + stopped:
+        trials.setdefault(r["trial_id"], []).append(r)
+    assert len(trials) == 3 and all(sorted(r["seed"] for r in recs) == [1, 43] for recs in trials.values())
+    assert sorted(recs[0]["hp"]["lr"] for recs in trials.values()) == pytest.approx([1.0e-9, 1.0e-4, 2.0e-4])
+    for recs in trials.values():  # a configuration is finished or stopped as a whole
+        assert len({"stopped" in r and r["stopped"] is not None for r in recs}) == 1
     for rec in stopped:
         assert rec["stopped"]["at_step"] == rec["final_step"] < 8
         best = Path(rec["best_model_dir"])
+        assert best.parent.name == f"seed{rec['seed']}"
         assert json.loads((best / "raysent.json").read_text())["dev_spearman"] == pytest.approx(rec["best_dev_spearman"])
         assert not (best.parent / "checkpoint").exists()
+    [state] = list((exp / "tune").glob("search-*"))
+    tune_trials = {t.trial_id: t for t in ExperimentAnalysis(str(state)).trials}
+    assert sorted(tune_trials) == sorted(trials) and all(" · seeds 1,43" in str(t) for t in tune_trials.values())
+    for tid, recs in trials.items():
+        lines = (Path(tune_trials[tid].path) / "result.json").read_text().splitlines()
+        rungs = {r["step"]: r for r in map(json.loads, lines) if not r.get("finished")}
+        assert rungs and max(rungs) == max(r["final_step"] for r in recs)
+        for step, r in rungs.items():
+            so_far = [max(p["dev_spearman"] for p in rec["dev_curve"] if p["step"] <= step) for rec in recs]
+            assert r["best_dev_spearman"] == pytest.approx(np.mean(so_far), abs=1e-9)
+            assert r["best_dev_spearman_std"] == pytest.approx(np.std(so_far, ddof=1), abs=1e-9)
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'results' / 'mlflow.db'}")
+    for rec in finished + stopped:
+        run = client.get_run(rec["mlflow_run_id"])
+        assert run.info.status == ("KILLED" if rec.get("stopped") else "FINISHED")
+        assert run.info.run_name.endswith(f"· seed {rec['seed']}")
+        assert [m.step for m in client.get_metric_history(run.info.run_id, "dev_spearman")] == \
+            [p["step"] for p in rec["dev_curve"]]
     assert sorted(s["trial_id"] for s in summary["best"]["stopped"]) == sorted(r["trial_id"] for r in stopped)
-    assert summary["best"]["hp"]["lr"] == pytest.approx(1.0e-9)
+    assert summary["best"]["hp"]["lr"] == pytest.approx(1.0e-9) and summary["best"]["n"] == 2
 
 
 WARM_SEARCH = """\

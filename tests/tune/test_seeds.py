@@ -1,0 +1,95 @@
+"""A configuration's seeds trained in turns in one trial (raysent.tune.seeds): each seed's run is the one
+it trains alone, and what the trial reports after each round is the seed mean and std of those runs."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from raysent.config import parse_config, with_overrides
+
+from conftest import RAW_BERT
+
+pytestmark = [pytest.mark.shared]
+
+CONFIG = {
+    "name": "seeds", "method": "simcse-unsup", "model": {"name": RAW_BERT},  # dropout: draws from torch's RNG
+    "data": {"train": "sts-unlabeled", "dev": "sickr:dev", "max_train_samples": 96},
+    "train": {"batch_size": 16, "max_steps": 6, "eval_every": 2, "max_length": 24, "lr": 1.0e-4},
+    "params": {"pooling": "mean"},
+    "eval": {"tasks": ["sts"], "sts_sets": ["stsb"], "batch_size": 256, "max_length": 64},
+    "seeds": [3, 5, 8],
+    "search": {"algorithm": "grid", "seeds": 3, "scheduler": {"type": "asha"},
+               "space": {"lr": {"type": "choice", "values": [1.0e-4, 3.0e-4]}}},
+}
+
+
+def test_seeds_in_turns_train_as_alone_and_the_trial_reports_their_mean(tmp_path, monkeypatch):
+    import ray.tune
+
+    from raysent.train.run import train_in_process
+    from raysent.tune.seeds import SEED_POINTS, run_seed_group
+    from raysent.tune.trial import TrialContext, seeds_in_one_trial
+
+    cfg = parse_config({**CONFIG, "tracking": {"results_dir": str(tmp_path / "results"), "enabled": False}})
+    assert seeds_in_one_trial(cfg)
+    reported: list[dict] = []
+    monkeypatch.setattr(ray.tune, "report", lambda metrics, **kw: reported.append(dict(metrics)))
+    exp = tmp_path / "results" / "seeds"
+    ctx = TrialContext(config=cfg.to_dict(), source="seeds.yaml", phase="search", run="r1", exp_dir=str(exp),
+                       metric="best_dev_spearman")
+    records = run_seed_group({"hp": {"lr": 3.0e-4}}, ctx, "t1")
+
+    # every seed is the run it is alone: the same dev curve and losses, to the last bit
+    alone = {}
+    for seed in (3, 5, 8):
+        solo = with_overrides(cfg, {"lr": 3.0e-4, "train.seed": seed, "train.output_dir": str(tmp_path / f"alone{seed}")})
+        alone[seed] = train_in_process(solo, quiet=True)
+    assert [r["seed"] for r in records] == [3, 5, 8]
+    for rec in records:
+        solo = alone[rec["seed"]]
+        assert rec["dev_curve"] == solo.dev_curve, rec["seed"]
+        assert rec["best_dev_spearman"] == solo.best_dev_spearman and rec["best_step"] == solo.best_step
+        assert rec["trial_id"] == "t1" and rec["hp"] == {"lr": 3.0e-4} and rec["final_step"] == 6
+        assert (exp / "runs" / f"search-r1-{rec['config_id']}-seed{rec['seed']}.json").is_file()
+        assert rec["best_model_dir"] == str(exp / "search" / "r1" / "t1" / f"seed{rec['seed']}" / "best")
+        assert not (exp / "search" / "r1" / "t1" / f"seed{rec['seed']}" / "checkpoint").exists()
+    # the seeds differ (else the mean would say nothing about them)
+    assert len({a.dev_curve[-1]["dev_spearman"] for a in alone.values()}) == 3
+
+    # one report per round of evaluations (steps 0, 2, 4, 6): the mean and sample std over the seeds of their
+    # best score so far and of their score at that step, and each seed's point
+    assert [r["step"] for r in reported] == [0, 2, 4, 6]
+    for r in reported:
+        best = [max(p["dev_spearman"] for p in alone[s].dev_curve if p["step"] <= r["step"]) for s in (3, 5, 8)]
+        now = [next(p["dev_spearman"] for p in alone[s].dev_curve if p["step"] == r["step"]) for s in (3, 5, 8)]
+        assert r["best_dev_spearman"] == pytest.approx(np.mean(best), abs=1e-12)
+        assert r["best_dev_spearman_std"] == pytest.approx(np.std(best, ddof=1), abs=1e-12)
+        assert r["dev_spearman"] == pytest.approx(np.mean(now), abs=1e-12)
+        assert r["dev_spearman_std"] == pytest.approx(np.std(now, ddof=1), abs=1e-12)
+        points = json.loads(r[SEED_POINTS])
+        assert sorted(points) == ["3", "5", "8"] and points["5"]["dev_spearman"] == pytest.approx(now[1], abs=1e-12)
+    # a seed's training time is its own turns', not the trial's
+    assert all(a.train_seconds > 0 for a in alone.values())
+    assert sum(r["train_seconds"] for r in records) < 1.5 * sum(a.train_seconds for a in alone.values()) + 10
+
+
+def test_a_failing_seed_fails_the_configuration_and_ends_the_others(tmp_path, monkeypatch):
+    import threading
+
+    import ray.tune
+
+    from raysent.train.loop import NonFiniteLossError
+    from raysent.tune.seeds import run_seed_group
+    from raysent.tune.trial import TrialContext
+
+    cfg = parse_config({**CONFIG, "tracking": {"results_dir": str(tmp_path / "results"), "enabled": False}})
+    monkeypatch.setattr(ray.tune, "report", lambda metrics, **kw: None)
+    ctx = TrialContext(config=cfg.to_dict(), source="seeds.yaml", phase="search", run="r1",
+                       exp_dir=str(tmp_path / "results" / "seeds"), metric="best_dev_spearman")
+    with pytest.raises(NonFiniteLossError):  # τ = 1e-45: cos/τ overflows, the loss is NaN at the first step
+        run_seed_group({"hp": {"lr": 1.0e-4, "temperature": 1.0e-45}}, ctx, "t2")
+    assert not [t for t in threading.enumerate() if t.name.startswith("seed-")]  # no seed left training
+    assert not list((tmp_path / "results" / "seeds").glob("runs/*.json"))
