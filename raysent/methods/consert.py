@@ -17,16 +17,28 @@ Supervision (§3.3), with L_ce the softmax classifier over f = (r_1, r_2, |r_1 �
 * ``sup-unsup``: SBERT-NLI (L_ce, stage 1, on ``data.sup``), then ``unsup`` on ``data.train``.
 * ``joint-unsup``: ``joint`` (stage 1, on ``data.sup``), then ``unsup`` on ``data.train``.
 
-The two-stage modes run both stages from one config (``stages``): stage 1 uses ``sup_lr`` and
-``sup_epochs``; stage 2 starts from stage 1's best model.
+The two-stage modes run both stages from one config (``stages``): stage 1 uses ``sup_lr``,
+``sup_epochs`` and (joint-unsup) ``sup_augmentations``; stage 2 starts from stage 1's best model and
+uses ``augmentations`` and the run's own epochs.
 
-Defaults (§4.1): max length 64, the encoder's own dropout off (``model.dropout: 0``), token cutoff
-0.15, feature cutoff 0.2, dropout 0.2, τ 0.1, α 0.15, lr 5e-7, 10 % warmup, batch 96, STS-B dev
-every 200 steps; views feature_cutoff + shuffle (the best pair of Figure 5; the official
-unsup-consert-base.sh); mean pooling at train, the average of the last two layers at evaluation
-(§4.1 "Evaluation"). 10 epochs with patience 10 and the joint stage's lr 2e-5 / 1 epoch and FGV
-ε 1.0 come from the official scripts. Training text: every STS sentence (``sts-unlabeled``,
-transductive, Table 1).
+Defaults, the paper's where it states one (§4.1): max length 64, the encoder's own dropout off
+(``model.dropout: 0``; the official supervised scripts keep it on, ``model.dropout: null`` does that),
+token cutoff 0.15, feature cutoff 0.2, dropout 0.2 (the scripts of the supervised modes cut 0.1), τ 0.1,
+α 0.15, lr 5e-7, 10 % warmup, batch 96, STS-B dev every 200 steps; mean pooling at train, the average
+of the last two layers at evaluation and checkpoint selection (§4.1 "Evaluation"; the scripts select
+on last-layer mean pooling); the classifier features of Eq. 2, (r_1, r_2, |r_1 − r_2|)
+(``classifier_max_square`` adds the joint script's max(r_1, r_2)²). Where only the official scripts
+(yym6472/ConSERT scripts/*-base.sh) say:
+
+* views (``augmentations``; the paper tunes them for ``unsup`` only, Figure 5): ``unsup``
+  feature_cutoff + shuffle (Figure 5's best pair, unsup-consert-base.sh); ``joint`` and the joint
+  stage of ``joint-unsup`` (``sup_augmentations``) none + token_cutoff (sup-consert-joint-base.sh);
+  the unsupervised stage of ``sup-unsup`` none + feature_cutoff (sup-consert-sup-unsup-base.sh) and of
+  ``joint-unsup`` none + shuffle (sup-consert-joint-unsup-base.sh);
+* epochs: 10 for ``unsup``, 25 for the unsupervised stage of the two-stage modes, patience 10;
+  the joint stage's lr 2e-5 and 1 epoch (main.py's defaults), FGV ε 1.0.
+
+Training text: every STS sentence (``sts-unlabeled``, transductive, Table 1).
 """
 
 from __future__ import annotations
@@ -54,9 +66,25 @@ from raysent.models.heads import PairClassifier
 from raysent.models.pooling import check_pooling
 
 
+# the official scripts' view pairs (yym6472/ConSERT scripts/*-base.sh), by supervision mode; the paper
+# compares views for unsup only (Figure 5: feature_cutoff + shuffle is its best pair)
+SCRIPT_VIEWS: dict[str, tuple[str, str]] = {
+    "unsup": ("feature_cutoff", "shuffle"),  # unsup-consert-base.sh
+    "joint": ("none", "token_cutoff"),  # sup-consert-joint-base.sh: cutoff, direction row
+    "sup-unsup": ("none", "feature_cutoff"),  # sup-consert-sup-unsup-base.sh, stage 2: cutoff, direction column
+    "joint-unsup": ("none", "shuffle"),  # sup-consert-joint-unsup-base.sh, stage 2
+}
+
+
 class ConSERTParams(PoolingParams):
     supervision: Literal["unsup", "joint", "sup-unsup", "joint-unsup"] = Field("unsup", description="§3.3")
-    augmentations: tuple[str, str] = Field(("feature_cutoff", "shuffle"), description="the two views (§3.2)")
+    augmentations: tuple[str, str] = Field(None, description="the two views (§3.2); default by supervision, "  # type: ignore[assignment]
+                                           "the official scripts' (see the module)", validate_default=False)
+    sup_augmentations: tuple[str, str] = Field(None, description="joint-unsup: the views of the joint first "  # type: ignore[assignment]
+                                               "stage (default none + token_cutoff, the joint script's)",
+                                               validate_default=False)
+    classifier_max_square: bool = Field(False, description="joint: add max(r1, r2)² to Eq. 2's classifier "
+                                        "features, as the official joint script does")
     token_cutoff_rate: float = Field(0.15, ge=0, lt=1)
     feature_cutoff_rate: float = Field(0.2, ge=0, lt=1)
     dropout_rate: float = Field(0.2, ge=0, lt=1)
@@ -68,9 +96,11 @@ class ConSERTParams(PoolingParams):
     sup_lr: float = Field(2e-5, gt=0, description="learning rate of the supervised first stage")
     sup_epochs: int = Field(1, gt=0, description="epochs of the supervised first stage")
 
-    @field_validator("augmentations", mode="before")
+    @field_validator("augmentations", "sup_augmentations", mode="before")
     @classmethod
     def _aug(cls, v):
+        if v is None:
+            return None  # filled in by supervision (_adversarial)
         v = list(v) if isinstance(v, (list, tuple)) else v
         if not isinstance(v, list) or len(v) != 2:
             raise ValueError(f"two views are needed, e.g. [feature_cutoff, shuffle]; got {v!r}")
@@ -81,6 +111,12 @@ class ConSERTParams(PoolingParams):
 
     @model_validator(mode="after")
     def _adversarial(self):
+        if self.augmentations is None:
+            self.augmentations = SCRIPT_VIEWS[self.supervision]
+        if self.sup_augmentations is None:
+            self.sup_augmentations = SCRIPT_VIEWS["joint"]
+        if "adversarial" in self.sup_augmentations and self.sup_augmentations[0] == "adversarial":
+            raise ValueError("'adversarial' must be the second view of sup_augmentations")
         if "adversarial" in self.augmentations:
             if self.supervision != "joint":
                 raise ValueError("the 'adversarial' view needs the supervised loss's gradient: only with "
@@ -113,8 +149,9 @@ class ConSERT(Method):
         d = super().defaults(params)
         params = cast(ConSERTParams, params)
         joint = params.supervision == "joint"
+        two_stage = params.supervision in ("sup-unsup", "joint-unsup")
         d["train"] = {"batch_size": 96, "max_length": 64, "eval_every": 200, "warmup_ratio": 0.1,
-                      "lr": 2e-5 if joint else 5e-7, "epochs": 1 if joint else 10,
+                      "lr": 2e-5 if joint else 5e-7, "epochs": 1 if joint else 25 if two_stage else 10,
                       **({} if joint else {"patience": 10})}
         d["data"] = {"train": "snli"} if joint else {"train": "sts-unlabeled"}
         if params.supervision in ("sup-unsup", "joint-unsup"):
@@ -135,16 +172,18 @@ class ConSERT(Method):
             first = {"method": "sbert-nli", "params": {"pooling": p.pooling, "eval_pooling": p.eval_pooling},
                      "model.dropout": None}
         else:
-            first = {"params": {**cfg.params, "supervision": "joint"}}
+            first = {"params": {**cfg.params, "supervision": "joint", "augmentations": list(p.sup_augmentations)}}
         first.update({"data.train": cfg.data.sup, "lr": p.sup_lr, "epochs": p.sup_epochs, "patience": None,
                       "data.max_train_samples": cfg.data.max_train_samples})
-        second = {"params": {**cfg.params, "supervision": "unsup"}, "model.name": PREVIOUS_STAGE_BEST}
+        second = {"params": {**cfg.params, "supervision": "unsup", "augmentations": list(p.augmentations)},
+                  "model.name": PREVIOUS_STAGE_BEST}
         return [("stage1-" + ("sbert-nli" if p.supervision == "sup-unsup" else "joint"), first),
                 ("stage2-unsup", second)]
 
     def __init__(self, encoder, params: ConSERTParams):
         super().__init__(encoder, params)
-        self.classifier = PairClassifier(encoder.hidden_size) if params.supervision == "joint" else None
+        self.classifier = (PairClassifier(encoder.hidden_size, max_square=params.classifier_max_square)
+                           if params.supervision == "joint" else None)
 
     def fields(self, data):
         if self.params.supervision == "joint":

@@ -46,15 +46,18 @@ class ProjectionHead(nn.Module):
 
 class PairClassifier(nn.Module):
     """SBERT's softmax classifier (Reimers & Gurevych 2019, Eq. 1): W·(u, v, |u−v|) + b over 3 NLI
-    labels; the same head is ConSERT's Eq. 2 and the CE part of SupCon (Liao 2021, Eq. 1)."""
+    labels; the same head is ConSERT's Eq. 2 and the CE part of SupCon (Liao 2021, Eq. 1).
+    ``max_square`` appends max(u, v)² (element-wise), as ConSERT's official joint script does
+    (``--concatenation_sent_max_square``; not in the paper)."""
 
-    def __init__(self, hidden: int, num_labels: int = 3):
+    def __init__(self, hidden: int, num_labels: int = 3, max_square: bool = False):
         super().__init__()
-        self.linear = nn.Linear(3 * hidden, num_labels)
+        self.max_square = max_square
+        self.linear = nn.Linear((4 if max_square else 3) * hidden, num_labels)
 
-    @staticmethod
-    def features(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return torch.cat([u, v, (u - v).abs()], dim=-1)
+    def features(self, u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        extra = [torch.maximum(u, v).pow(2)] if self.max_square else []
+        return torch.cat([u, v, (u - v).abs(), *extra], dim=-1)
 
     def forward(self, u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return self.linear(self.features(u, v))
