@@ -65,7 +65,6 @@ from raysent.methods.papers import CONSERT
 from raysent.models.heads import PairClassifier
 from raysent.models.pooling import check_pooling
 
-
 # the official scripts' view pairs (yym6472/ConSERT scripts/*-base.sh), by supervision mode; the paper
 # compares views for unsup only (Figure 5: feature_cutoff + shuffle is its best pair)
 SCRIPT_VIEWS: dict[str, tuple[str, str]] = {

@@ -312,8 +312,9 @@ def versus_paper(exp: Path, run: str, paper_cid: str, best_cid: str) -> dict:
 
 
 def tune_experiment(cfg: ExperimentConfig, resume: bool = False, final_only: bool = False, quiet: bool = False,
-                    source: str = "<config>", paper_arm: bool = True) -> dict:
-    """Search (unless ``final_only``), then the final phase; returns the summary (also summary.json).
+                    source: str = "<config>", paper_arm: bool = True, search_only: bool = False) -> dict:
+    """Search (unless ``final_only``), then the final phase (unless ``search_only``: ``resume`` later runs
+    it); returns the summary (also summary.json).
 
     With ``search.warm_start: paper`` the paper's configuration is tried first and, when it is not the
     searched best, also run on every seed (``paper_arm``; a suite, which runs its own paper arm, turns this
@@ -359,7 +360,7 @@ def tune_experiment(cfg: ExperimentConfig, resume: bool = False, final_only: boo
             best = run_search(cfg, exp, state, mlflow, resume, say)
             state.update(phase="final", best=best)
             _save_state(exp, state)
-        if state["phase"] == "final":
+        if state["phase"] == "final" and not search_only:
             best = state.get("best") or {"hp": {}, "config_id": config_id({}), "dev_mean": None}
             final = run_final(cfg, exp, state, best, mlflow, resume, say)
             paper = warm_point(cfg) if paper_arm and not final_only else None
