@@ -26,7 +26,7 @@ Defaults, the paper's where it states one (§4.1): max length 64, the encoder's 
 token cutoff 0.15, feature cutoff 0.2, dropout 0.2 (the scripts of the supervised modes cut 0.1), τ 0.1,
 α 0.15, lr 5e-7, 10 % warmup, batch 96, STS-B dev every 200 steps; mean pooling at train, the average
 of the last two layers at evaluation and checkpoint selection (§4.1 "Evaluation"; the scripts select
-on last-layer mean pooling); the classifier features of Eq. 2, (r_1, r_2, |r_1 − r_2|)
+on last-layer mean pooling: ``select_pooling: mean``); the classifier features of Eq. 2, (r_1, r_2, |r_1 − r_2|)
 (``classifier_max_square`` adds the joint script's max(r_1, r_2)²). Where only the official scripts
 (yym6472/ConSERT scripts/*-base.sh) say:
 
@@ -92,6 +92,9 @@ class ConSERTParams(PoolingParams):
     con_weight: float = Field(0.15, ge=0, description="α of L_ce + α·L_con (joint)")
     pooling: str = Field("mean", description="training pooling (§3.1)")
     eval_pooling: str = Field("last2_avg", description="evaluation pooling (§4.1)")
+    select_pooling: str | None = Field(None, description="pooling of the dev evaluation that selects the best "
+                                       "checkpoint; null: eval_pooling (§4.1). The official scripts select on "
+                                       "last-layer mean pooling: mean")
     sup_lr: float = Field(2e-5, gt=0, description="learning rate of the supervised first stage")
     sup_epochs: int = Field(1, gt=0, description="epochs of the supervised first stage")
 
@@ -124,6 +127,8 @@ class ConSERTParams(PoolingParams):
                 raise ValueError("'adversarial' must be the second view: its perturbation comes from the "
                                  "supervised loss of the first view")
         check_pooling(self.eval_pooling, "eval_pooling")
+        if self.select_pooling is not None:
+            check_pooling(self.select_pooling, "select_pooling")
         return self
 
     def rates(self) -> dict[str, float]:
@@ -191,6 +196,12 @@ class ConSERT(Method):
 
     def inference_pooling(self) -> str:
         return self.params.eval_pooling
+
+    def embed(self, tok: dict) -> torch.Tensor:
+        """The dev evaluation's vectors (``select_pooling``; the saved model keeps ``eval_pooling``)."""
+        if self.params.select_pooling is None:
+            return super().embed(tok)
+        return self.encoder.embed(tok, self.params.select_pooling)
 
     # ------------------------------------------------------------ views
     def encode_views(self, tok: dict, row_views: list[str], noise=None, capture=None) -> torch.Tensor:

@@ -79,3 +79,37 @@ def test_the_joint_scripts_max_square_feature_matches_its_classifier(raw_encoder
     logits = w @ x + bias
     ce = float(np.log(np.exp(logits - logits.max()).sum()) + logits.max() - logits[2])
     assert out.metrics["loss_ce"] == pytest.approx(ce, rel=1e-5)
+
+
+def test_checkpoints_are_selected_on_select_pooling_and_the_model_keeps_eval_pooling(raw_encoder, tmp_path):
+    """select_pooling: mean is the scripts' selection (last-layer mean); the saved model is still evaluated
+    with eval_pooling (last2_avg, §4.1)."""
+    from raysent.models.encoder import Encoder
+
+    tok = dict(raw_encoder.tokenizer(["a man plays a guitar .", "the cat sleeps"], padding=True, return_tensors="pt"))
+    tok = {"input_ids": tok["input_ids"], "attention_mask": tok["attention_mask"]}
+    paper = ConSERT(raw_encoder, ConSERTParams())
+    script = ConSERT(raw_encoder, ConSERTParams(select_pooling="mean"))
+    paper.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(paper.embed(tok), raw_encoder.embed(tok, "last2_avg"), rtol=0, atol=0)
+        torch.testing.assert_close(script.embed(tok), raw_encoder.embed(tok, "mean"), rtol=0, atol=0)
+        assert not torch.allclose(script.embed(tok), paper.embed(tok))
+    script.export(tmp_path / "best")
+    assert Encoder.load(str(tmp_path / "best")).meta.pooling == "last2_avg"
+    with pytest.raises(ValueError, match="select_pooling"):
+        ConSERTParams(select_pooling="avg")
+
+
+def test_encoder_dropout_is_off_by_default_and_the_scripts_setting_keeps_it():
+    """§4.1 removes BERT's dropout (model.dropout: 0); the official supervised scripts keep it (model.dropout:
+    null: the checkpoint's own, 0.1 for BERT)."""
+    from raysent.train.run import build_method
+
+    for dropout, expected in ((None, 0.0), ("keep", 0.1)):
+        raw = config("joint")
+        if dropout == "keep":
+            raw["model"] = {"name": RAW_BERT, "dropout": None}
+        method = build_method(parse_config(raw))
+        ps = {m.p for m in method.encoder.modules() if isinstance(m, torch.nn.Dropout)}
+        assert ps == {expected}, (dropout, ps)
