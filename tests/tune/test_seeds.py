@@ -20,8 +20,8 @@ CONFIG = {
     "train": {"batch_size": 16, "max_steps": 6, "eval_every": 2, "max_length": 24, "lr": 1.0e-4},
     "params": {"pooling": "mean"},
     "eval": {"tasks": ["sts"], "sts_sets": ["stsb"], "batch_size": 256, "max_length": 64},
-    "seeds": [3, 5, 8],
-    "search": {"algorithm": "grid", "seeds": 3, "scheduler": {"type": "asha"},
+    "seeds": [3, 5],
+    "search": {"algorithm": "grid", "seeds": 2, "scheduler": {"type": "asha"},
                "space": {"lr": {"type": "choice", "values": [1.0e-4, 3.0e-4]}}},
 }
 
@@ -44,10 +44,10 @@ def test_seeds_in_turns_train_as_alone_and_the_trial_reports_their_mean(tmp_path
 
     # every seed is the run it is alone: the same dev curve and losses, to the last bit
     alone = {}
-    for seed in (3, 5, 8):
+    for seed in (3, 5):
         solo = with_overrides(cfg, {"lr": 3.0e-4, "train.seed": seed, "train.output_dir": str(tmp_path / f"alone{seed}")})
         alone[seed] = train_in_process(solo, quiet=True)
-    assert [r["seed"] for r in records] == [3, 5, 8]
+    assert [r["seed"] for r in records] == [3, 5]
     for rec in records:
         solo = alone[rec["seed"]]
         assert rec["dev_curve"] == solo.dev_curve, rec["seed"]
@@ -57,20 +57,20 @@ def test_seeds_in_turns_train_as_alone_and_the_trial_reports_their_mean(tmp_path
         assert rec["best_model_dir"] == str(exp / "search" / "r1" / "t1" / f"seed{rec['seed']}" / "best")
         assert not (exp / "search" / "r1" / "t1" / f"seed{rec['seed']}" / "checkpoint").exists()
     # the seeds differ (else the mean would say nothing about them)
-    assert len({a.dev_curve[-1]["dev_spearman"] for a in alone.values()}) == 3
+    assert len({a.dev_curve[-1]["dev_spearman"] for a in alone.values()}) == 2
 
     # one report per round of evaluations (steps 0, 2, 4, 6): the mean and sample std over the seeds of their
     # best score so far and of their score at that step, and each seed's point
     assert [r["step"] for r in reported] == [0, 2, 4, 6]
     for r in reported:
-        best = [max(p["dev_spearman"] for p in alone[s].dev_curve if p["step"] <= r["step"]) for s in (3, 5, 8)]
-        now = [next(p["dev_spearman"] for p in alone[s].dev_curve if p["step"] == r["step"]) for s in (3, 5, 8)]
+        best = [max(p["dev_spearman"] for p in alone[s].dev_curve if p["step"] <= r["step"]) for s in (3, 5)]
+        now = [next(p["dev_spearman"] for p in alone[s].dev_curve if p["step"] == r["step"]) for s in (3, 5)]
         assert r["best_dev_spearman"] == pytest.approx(np.mean(best), abs=1e-12)
         assert r["best_dev_spearman_std"] == pytest.approx(np.std(best, ddof=1), abs=1e-12)
         assert r["dev_spearman"] == pytest.approx(np.mean(now), abs=1e-12)
         assert r["dev_spearman_std"] == pytest.approx(np.std(now, ddof=1), abs=1e-12)
         points = json.loads(r[SEED_POINTS])
-        assert sorted(points) == ["3", "5", "8"] and points["5"]["dev_spearman"] == pytest.approx(now[1], abs=1e-12)
+        assert sorted(points) == ["3", "5"] and points["5"]["dev_spearman"] == pytest.approx(now[1], abs=1e-12)
     # a seed's training time is its own turns', not the trial's
     assert all(a.train_seconds > 0 for a in alone.values())
     assert sum(r["train_seconds"] for r in records) < 1.5 * sum(a.train_seconds for a in alone.values()) + 10
