@@ -6,8 +6,9 @@ Search phase
     Optuna study kept in ``results/<experiment>/optuna.db`` (for Optuna's plots); or ``grid``
     (every combination, Tune's ``grid_search``). ``search.seeds`` > 1 wraps the searcher in Tune's
     ``Repeater``: each suggestion runs once per seed and the searcher is told the mean over the
-    seeds (``nanmean``: a failed seed is left out). A scheduler (ASHA) may stop trials early; it is
-    refused with seeds > 1 (the Repeater would average stopped and finished seeds). Each trial
+    seeds (``nanmean``: a failed seed is left out). A scheduler (ASHA) may stop trials early; with
+    seeds > 1 a trial is then a configuration whose seeds train in turns and report their mean
+    (:mod:`raysent.tune.seeds`), so the scheduler stops configurations on the seed mean. Each trial
     trains through Ray Train (``resources.workers``; Train inside a Tune function trainable, metrics
     forwarded by ``TuneReportCallback``) or, without workers, in the trial's own process.
     The searched value is the run's best dev score (``best_dev_spearman`` for ``dev_spearman``).
