@@ -229,17 +229,23 @@ def search_grid(cfg: ExperimentConfig) -> list[dict]:
     return [first, *(p for p in points if p != first)]
 
 
-def search_trials(cfg: ExperimentConfig) -> int:
+def search_runs(cfg: ExperimentConfig) -> int:
     """How many runs a search trains (at most: a scheduler stops some): every grid point, or ``num_samples``
     suggestions, each on ``seeds`` seeds."""
     s = cfg.search
     return (len(search_grid(cfg)) if s.algorithm == "grid" else s.num_samples) * s.seeds
 
 
+def search_trials(cfg: ExperimentConfig) -> int:
+    """How many Tune trials a search has: one per run, or one per configuration when a trial trains all of
+    its seeds (:func:`seeds_in_one_trial`)."""
+    return search_runs(cfg) // cfg.search.seeds if seeds_in_one_trial(cfg) else search_runs(cfg)
+
+
 def plan(cfg: ExperimentConfig, final_only: bool = False) -> dict:
     s = cfg.search
     r = cfg.resources
-    trials = 0 if final_only or s is None else search_trials(cfg)
+    searched = not final_only and s is not None
     exp = experiment_dir(cfg)
     from raysent.tracking import experiment_name, redact, tracking_uri
 
@@ -248,13 +254,14 @@ def plan(cfg: ExperimentConfig, final_only: bool = False) -> dict:
                  if r.workers else {"CPU": r.cpus_per_worker, "GPU": r.gpus_per_worker, "trains": "in the trial"})
     return {
         "experiment": experiment_name(cfg), "method": cfg.method, "model": cfg.model.name,
-        "train_data": cfg.data.train, "search": None if final_only or s is None else {
+        "train_data": cfg.data.train, "search": None if not searched else {
             "algorithm": s.algorithm,
             "configurations": len(search_grid(cfg)) if s.algorithm == "grid" else s.num_samples,
             "first configuration (search.warm_start)": warm_point(cfg) or "none",
-            "seeds per configuration": s.seeds
+            "seeds per configuration": str(s.seeds)
             + (" (in one trial, in turns: the scheduler stops configurations on their seed mean)"
-               if seeds_in_one_trial(cfg) else ""), "trials": trials, "metric": f"{s.metric} ({s.mode})",
+               if seeds_in_one_trial(cfg) else ""), "trials": search_trials(cfg) if searched else 0,
+            "runs": search_runs(cfg) if searched else 0, "metric": f"{s.metric} ({s.mode})",
             "space": {k: {f: v for f, v in e.model_dump().items() if v is not None} for k, e in s.space.items()},
             "scheduler": s.scheduler.model_dump() if s.scheduler else None,
             "max_concurrent_trials": s.max_concurrent_trials},
@@ -455,7 +462,7 @@ def run_search(cfg: ExperimentConfig, exp: Path, state: dict, mlflow: dict | Non
     path = f"{storage.rstrip('/')}/search-{run}"
     per = 1 if seeds_in_one_trial(cfg) else s.seeds  # Tune trials per configuration
     n = 1 if s.algorithm == "grid" else s.num_samples * per  # Tune's samples (it expands a grid itself)
-    total = search_trials(cfg) // s.seeds * per
+    total = search_trials(cfg)
     first = warm_point(cfg, say)
     if first is not None:
         say(f"search.warm_start: the paper's setting {first} is tried first")

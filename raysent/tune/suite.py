@@ -182,15 +182,17 @@ def estimate_seconds(cfg: ExperimentConfig, arm: str, est: Estimate) -> dict:
     evals = (steps // cfg.train.eval_every + 2) if steps else 1
     train = steps * per_step + evals * est.dev_eval_seconds + est.run_overhead_seconds
     final = len(cfg.seeds)
-    search = 0
+    search = trials = 0
     if arm == "searched":
-        from raysent.tune.search import search_trials
+        from raysent.tune.search import search_runs, search_trials
 
-        search = search_trials(cfg)
+        search, trials = search_runs(cfg), search_trials(cfg)
     conc = max(1, cfg.search.max_concurrent_trials if cfg.search else 1)
     run_seconds = search * train + final * (train + est.test_eval_seconds)
-    # trials run in rounds of `conc`: a last, partial round leaves workers idle
-    wall = (math.ceil(search / conc) * train + math.ceil(final / conc) * (train + est.test_eval_seconds)
+    # trials run in rounds of `conc` (a last, partial round leaves workers idle); a trial that trains its
+    # configuration's seeds in turns takes search / trials runs' time
+    wall = (math.ceil(trials / conc) * train * (search // max(trials, 1))
+            + math.ceil(final / conc) * (train + est.test_eval_seconds)
             + est.phase_overhead_seconds * (2 if search else 1))
     r = cfg.resources
     gpus = (r.workers or 1) * r.gpus_per_worker

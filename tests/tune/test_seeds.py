@@ -93,3 +93,23 @@ def test_a_failing_seed_fails_the_configuration_and_ends_the_others(tmp_path, mo
         run_seed_group({"hp": {"lr": 1.0e-4, "temperature": 1.0e-45}}, ctx, "t2")
     assert not [t for t in threading.enumerate() if t.name.startswith("seed-")]  # no seed left training
     assert not list((tmp_path / "results" / "seeds").glob("runs/*.json"))
+
+
+def test_the_plan_counts_one_trial_per_configuration_and_every_seed_s_run():
+    """`raysent tune --dry-run`'s plan: with seeds in one trial, Tune has one trial per configuration and the
+    search trains every seed of each; without a scheduler, one trial per (configuration, seed)."""
+    from raysent.tune.search import plan
+    from raysent.tune.suite import Estimate, estimate_seconds
+
+    cfg = parse_config({**CONFIG, "search": {**CONFIG["search"], "seeds": 3}})
+    together = plan(cfg)["search"]
+    assert (together["trials"], together["runs"]) == (2, 6)
+    assert together["seeds per configuration"].startswith("3 (in one trial, in turns")
+    apart = plan(with_overrides(cfg, {"search.scheduler": None}))["search"]
+    assert (apart["trials"], apart["runs"], apart["seeds per configuration"]) == (6, 6, "3")
+    # the same runs to train, the same time by the cost model when one trial runs at a time
+    one = {"search.max_concurrent_trials": 1}
+    est = [estimate_seconds(with_overrides(c, one), "searched", Estimate()) for c in
+           (cfg, with_overrides(cfg, {"search.scheduler": None}))]
+    assert est[0]["search_runs"] == est[1]["search_runs"] == 6
+    assert est[0]["seconds"] == pytest.approx(est[1]["seconds"])
