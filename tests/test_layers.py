@@ -97,3 +97,15 @@ def test_the_core_imports_no_orchestration():
             if (d in modules and not _is_core(d)) or d in ORCHESTRATION_LIBRARIES:
                 bad.append(f"{modules[m].relative_to(REPO)}:{line} imports {d}")
     assert not bad, "\n".join(bad)
+
+
+def test_no_private_name_is_imported_from_another_module():
+    """A leading underscore means "this module's own": another module that needs it gets a public name."""
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("raysent") or (
+                    isinstance(node, ast.ImportFrom) and node.level):
+                found += [f"{path.relative_to(REPO)}:{node.lineno} {a.name}" for a in node.names
+                          if a.name.startswith("_") and not a.name.startswith("__")]
+    assert not found, "private names imported across modules:\n" + "\n".join(found)

@@ -409,7 +409,8 @@ def _load_unlabeled(name: str) -> Sentences:
                      notes=[n for p in parts for n in p.notes], texts=texts)
 
 
-def _local_files(decl: DatasetDecl, split: str) -> list[Path] | None:
+def local_files(decl: DatasetDecl, split: str) -> list[Path] | None:
+    """The files of a data set's split under ``RAYSENT_DATA_DIR``, or None when they are not all there."""
     root = data_dir()
     if root is None or split not in decl.local:
         return None
@@ -425,7 +426,7 @@ def _local_files(decl: DatasetDecl, split: str) -> list[Path] | None:
 
 
 def _load_split(decl: DatasetDecl, split: str) -> Data:
-    files = _local_files(decl, split)
+    files = local_files(decl, split)
     if files is not None:
         data = _read_local(decl, split, files)
         note = decl.local_notes.get(split)

@@ -110,7 +110,7 @@ class TrainHooks:
             Path(checkpoint_dir).rename(final)
             shutil.rmtree(old, ignore_errors=True)
         if "dev_spearman" in metrics and not metrics.get("finished"):
-            self.log(_format_eval(metrics))
+            self.log(format_eval(metrics))
 
     def finish(self, metrics: dict, summary: TrainSummary) -> None:
         """The run is over: report the final metrics (the caller writes result.json)."""
@@ -121,7 +121,8 @@ class TrainHooks:
             print(msg, file=sys.stderr, flush=True)
 
 
-def _format_eval(m: dict) -> str:
+def format_eval(m: dict) -> str:
+    """One evaluation as the progress line shows it (step, dev, best so far, loss)."""
     parts = [f"step {m['step']}", f"dev {m['dev_spearman']:.2f}", f"best {m['best_dev_spearman']:.2f} "
              f"(step {m['best_step']})"]
     if m.get("loss") is not None and math.isfinite(m["loss"]):
@@ -155,14 +156,16 @@ def set_seed(seed: int, rank: int = 0) -> None:
         torch.cuda.manual_seed_all(s)
 
 
-def _rng_state() -> dict:
+def rng_state() -> dict:
+    """The state of every generator training draws from (python, numpy, torch, CUDA)."""
     st = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         st["cuda"] = torch.cuda.get_rng_state_all()
     return st
 
 
-def _set_rng_state(st: dict) -> None:
+def set_rng_state(st: dict) -> None:
+    """Restore what :func:`rng_state` returned."""
     random.setstate(st["python"])
     np.random.set_state(st["numpy"])
     torch.set_rng_state(st["torch"])
@@ -247,7 +250,7 @@ def run_training(cfg: ExperimentConfig, method: Method, data: TokenizedData, dev
         if scaler is not None and ckpt.get("scaler"):
             scaler.load_state_dict(ckpt["scaler"])
         state = TrainState(**ckpt["state"])
-        _set_rng_state(ckpt["rng"][hooks.rank])
+        set_rng_state(ckpt["rng"][hooks.rank])
         if best_dir is not None and (restored / BEST_DIR).is_dir() and restored.resolve() != scratch.resolve():
             shutil.rmtree(best_dir, ignore_errors=True)
             link_tree(restored / BEST_DIR, best_dir)
@@ -278,7 +281,7 @@ def run_training(cfg: ExperimentConfig, method: Method, data: TokenizedData, dev
 
     def checkpoint_and_report(metrics: dict, improved: bool) -> None:
         t0 = time.perf_counter()
-        rng = hooks.all_gather_object(_rng_state())
+        rng = hooks.all_gather_object(rng_state())
         ckpt_dir = None
         if hooks.rank == 0:
             if improved:

@@ -201,9 +201,9 @@ class RayHooks(TrainHooks):
             if self.rank != 0:  # only rank 0 writes checkpoints: other workers need their copy only to load it
                 self._drop_copy()
         if "dev_spearman" in metrics and not metrics.get("finished"):
-            from raysent.train.loop import _format_eval
+            from raysent.train.loop import format_eval
 
-            self.log(_format_eval(metrics))
+            self.log(format_eval(metrics))
 
     def log(self, msg: str) -> None:
         # Train V2 patches print() into its own logger (which echoes twice): write to stderr directly

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from raysent.config import ExperimentConfig
-from raysent.train.loop import TrainHooks, _rng_state, _set_rng_state
+from raysent.train.loop import TrainHooks, rng_state, set_rng_state
 from raysent.train.records import RunRecord, TrainSummary, read_record
 from raysent.tune.trial import (
     TrialContext,
@@ -121,12 +121,12 @@ class SeedHooks(TrainHooks):
         if metrics.get("finished"):
             return  # the end of a stage or the run; the thread hands back when it ends
         run.fresh = True
-        rng = _rng_state()  # the other seeds draw from the same generators in their turns
+        rng = rng_state()  # the other seeds draw from the same generators in their turns
         away = time.perf_counter()
         self.baton.hand_back(run.seed)
         self.baton.wait_turn(run.seed)
         self.paused += time.perf_counter() - away  # the loop's training time leaves the other seeds' turns out
-        _set_rng_state(rng)
+        set_rng_state(rng)
 
 
 def _train(run: SeedRun, baton: Baton, ctx: TrialContext) -> None:

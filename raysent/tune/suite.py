@@ -215,7 +215,7 @@ def rough_estimate(cfg: ExperimentConfig, searched: bool) -> dict[str, Any]:
 # --------------------------------------------------------------------------- what a run reads
 def sources(cfg: ExperimentConfig) -> dict[str, str]:
     """Every model and data split an experiment reads, and where from: a local path, or the hub (a download)."""
-    from raysent.data.datasets import DATASETS, STS_TASKS, _local_files, parse_spec
+    from raysent.data.datasets import DATASETS, STS_TASKS, local_files, parse_spec
     from raysent.methods import get_method
     from raysent.models.encoder import resolve_model
 
@@ -239,7 +239,7 @@ def sources(cfg: ExperimentConfig) -> dict[str, str]:
             continue
         decl = DATASETS[name]
         for split in splits:
-            files = _local_files(decl, split)
+            files = local_files(decl, split)
             hub = decl.hub.get(split)
             sample = files and decl.local_notes.get(split) and not (
                 name == "wiki1m" and files[0].name == "wiki1m_for_simcse.txt")
