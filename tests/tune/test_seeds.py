@@ -106,7 +106,7 @@ def test_the_plan_counts_one_trial_per_configuration_and_every_seed_s_run():
     assert (together["trials"], together["runs"]) == (2, 6)
     assert together["seeds per configuration"].startswith("3 (in one trial, in turns")
     apart = plan(with_overrides(cfg, {"search.scheduler": None}))["search"]
-    assert (apart["trials"], apart["runs"], apart["seeds per configuration"]) == (6, 6, "3")
+    assert (apart["trials"], apart["runs"], apart["seeds per configuration"]) == (6, 6, 3)
     # the same runs to train, the same time by the cost model when one trial runs at a time
     one = {"search.max_concurrent_trials": 1}
     est = [estimate_seconds(with_overrides(c, one), "searched", Estimate()) for c in
