@@ -260,8 +260,7 @@ def plan(cfg: ExperimentConfig, final_only: bool = False) -> dict:
             "first configuration (search.warm_start)": warm_point(cfg) or "none",
             "seeds per configuration": (f"{s.seeds} (in one trial, in turns: the scheduler stops "
                                         "configurations on their seed mean)" if seeds_in_one_trial(cfg) else s.seeds),
-            "trials": search_trials(cfg) if searched else 0,
-            "runs": search_runs(cfg) if searched else 0, "metric": f"{s.metric} ({s.mode})",
+            "trials": search_trials(cfg), "runs": search_runs(cfg), "metric": f"{s.metric} ({s.mode})",
             "space": {k: {f: v for f, v in e.model_dump().items() if v is not None} for k, e in s.space.items()},
             "scheduler": s.scheduler.model_dump() if s.scheduler else None,
             "max_concurrent_trials": s.max_concurrent_trials},

@@ -159,9 +159,10 @@ def seed_mean(points: list[dict]) -> dict[str, float]:
     """The mean over the seeds of every number their latest evaluations share, with its sample std
     (``<name>_std``; 0 for one seed); NaN scores (a seed whose dev score is undefined) are left out."""
     out: dict[str, float] = {}
-    shared = set.intersection(*(set(_numbers(p)) for p in points)) if points else set()
+    nums = [_numbers(p) for p in points]
+    shared = set.intersection(*(set(n) for n in nums)) if nums else set()
     for key in sorted(shared):
-        vals = np.array([_numbers(p)[key] for p in points])
+        vals = np.array([n[key] for n in nums])
         vals = vals[~np.isnan(vals)]
         out[key] = float(vals.mean()) if len(vals) else math.nan
         out[f"{key}_std"] = float(vals.std(ddof=1)) if len(vals) > 1 else 0.0
