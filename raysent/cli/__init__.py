@@ -1,12 +1,16 @@
 """The ``raysent`` command.
 
     raysent train FILE.yaml        train one configuration (one worker here, or N with Ray Train)
+    raysent tune FILE.yaml         search the space, run the best configuration on every seed, log to MLflow
+    raysent suite SUITE.yaml       several experiments (each arm a search or the paper's setting), one table
     raysent eval --model M         the 7-set STS table of any encoder (or a model raysent trained)
     raysent eval --model M --layers  the per-layer × pooling STS-B dev grid of an encoder
+    raysent export MODEL OUT       a model with its pooling as a sentence-transformers folder
     raysent table [EXPERIMENT...]  paper-style mean±std tables (md, tex, csv), --published beside them
     raysent plot EXPERIMENT        PNG plots: dev curves, score per hyperparameter, Optuna's plots
     raysent compare RUN_A RUN_B    per-data-set differences with a paired test across seeds
     raysent methods                every method with its variants and paper defaults
+    raysent bench                  speed and memory of training steps, evaluation and the orchestration
     raysent data                   the named data sets and where each one is found
 
 Errors a user can cause (a bad config, a malformed file, a missing model) are printed as one
@@ -22,11 +26,11 @@ import os
 import sys
 
 from raysent import __version__
-from raysent.cli import bench, compare, data, evaluate, methods, plot, suite, table, train, tune
+from raysent.cli import bench, compare, data, evaluate, export, methods, plot, suite, table, train, tune
 from raysent.cli.common import EPILOG
 from raysent.errors import Interrupted, RaysentError
 
-COMMANDS = (train, tune, suite, evaluate, table, plot, compare, methods, bench, data)  # the order of --help
+COMMANDS = (train, tune, suite, evaluate, export, table, plot, compare, methods, bench, data)  # the order of --help
 
 
 def build_parser() -> argparse.ArgumentParser:

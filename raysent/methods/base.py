@@ -192,10 +192,17 @@ class Method(nn.Module):
         mlp = self.mlp if uses_mlp(pooling, training=False) else None
         return self.encoder.embed(tok, pooling, mlp=mlp)
 
-    def export(self, path, extra: dict | None = None):
-        """Save the inference model: a save_pretrained folder any HF tool loads, + raysent.json."""
-        return self.encoder.save(path, pooling=self.inference_pooling(), mlp=self.mlp,
-                                 extra={"method": self.name, **(extra or {})})
+    def inference_head(self) -> nn.Module | None:
+        """The trained head the inference pooling reads (SimCSE's [CLS] MLP), saved with the model."""
+        return self.mlp
+
+    def export(self, path, extra: dict | None = None, max_length: int = 256):
+        """Save the inference model: a save_pretrained folder any HF tool loads, a sentence-transformers model
+        that reads ``max_length`` tokens per sentence, and raysent.json (the model card is written from it,
+        :mod:`raysent.methods.card`)."""
+        return self.encoder.save(path, pooling=self.inference_pooling(), mlp=self.inference_head(),
+                                 extra={"method": self.name, "params": self.params.model_dump(mode="json"),
+                                        **(extra or {})}, max_length=max_length)
 
     def trainable_parameters(self):
         return [p for p in self.parameters() if p.requires_grad]

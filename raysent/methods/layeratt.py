@@ -97,9 +97,8 @@ class LayerAtt(Method):
             return self.pooled(tok)
         return self.encoder.embed(tok, "cls_before_pooler")
 
-    def export(self, path, extra=None):
-        return self.encoder.save(path, pooling=self.inference_pooling(), mlp=self.pooler,
-                                 extra={"method": self.name, **(extra or {})})
+    def inference_head(self):
+        return self.pooler
 
     def forward(self, batch: dict) -> LossOutput:
         g, tau = self.gatherer, self.params.temperature

@@ -186,9 +186,6 @@ class SelfGuided(Method):
     def inference_pooling(self) -> str:
         return "cls_before_pooler"  # "we simply use c_i as the final sentence representation"
 
-    def export(self, path, extra=None):
-        return self.encoder.save(path, pooling="cls_before_pooler", extra={"method": self.name, **(extra or {})})
-
     def views(self, tok: dict) -> torch.Tensor:
         """h_{i,k} = p(H_{i,k}) for the chosen layers of BERT_F: [b, layers, d] (no gradient)."""
         with torch.no_grad():

