@@ -304,6 +304,14 @@ class TrackingConfig(Strict):
     experiment: str | None = Field(None, description="MLflow experiment (default: the config's name)")
     results_dir: str = "results"
     enabled: bool = True
+    log_model: Literal["best", "all", "none"] = Field(
+        "best", description="models logged with MLflow's sentence_transformers flavour after the final phase: the "
+        "winner's final run with the best dev score (best), every final seed of the winner (all), or none; the "
+        "best one is registered in the model registry")
+    registered_model: str | None = Field(None, description="the model registry's name for the best model (default: "
+                                         "the MLflow experiment's name); each search adds a version")
+    registry_uri: str | None = Field(None, description="MLflow model registry (default MLFLOW_REGISTRY_URI, else the "
+                                     "tracking store)")
 
 
 class ExperimentConfig(Strict):

@@ -20,6 +20,7 @@ import os
 import re
 import time
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -131,10 +132,15 @@ def run_tags(cfg: ExperimentConfig, record: dict, extra: dict | None = None) -> 
                                         **(extra or {})})
 
 
+def config_run_name(phase: str, hp: dict) -> str:
+    """A configuration's run, named by what differs: ``search: lr=1e-05 temperature=0.05`` (its hash is a tag)."""
+    text = " ".join(f"{k.split('.')[-1]}={_short(v)}" for k, v in sorted(hp.items()))
+    return f"{phase}: {text or 'defaults'}"
+
+
 def run_name(record: dict) -> str:
-    """What differs, readable: ``lr=1e-05 temperature=0.05 · seed 1`` (the configuration's hash is a tag)."""
-    hp = " ".join(f"{k.split('.')[-1]}={_short(v)}" for k, v in sorted(record.get("hp", {}).items()))
-    return f"{record['phase']}: {hp or 'defaults'} · seed {record['seed']}"
+    """One seed's run: its configuration's name and the seed, ``search: lr=1e-05 · seed 1``."""
+    return f"{config_run_name(record['phase'], record.get('hp', {}))} · seed {record['seed']}"
 
 
 def _short(v: Any) -> str:
@@ -248,7 +254,8 @@ def log_configuration(uri: str, experiment_id: str, cfg: ExperimentConfig, phase
 
     try:
         c = client(uri)
-        run_id = start_run(uri, experiment_id, f"{phase}-{cid}", _tags(cfg, phase, {"config_id": cid}), parent)
+        run_id = start_run(uri, experiment_id, config_run_name(phase, hp), _tags(cfg, phase, {"config_id": cid}),
+                           parent)
         c.log_batch(run_id, metrics=[Metric(_key(k), float(v), 0, 0) for k, v in scores.items()],
                     params=_params({**{k: v for k, v in hyperparameters(cfg).items() if k != "seed"},
                                     "seeds": sorted(seeds), **{f"searched.{k}": v for k, v in hp.items()}}))
@@ -259,6 +266,23 @@ def log_configuration(uri: str, experiment_id: str, cfg: ExperimentConfig, phase
     except Exception as exc:
         warnings.warn(f"MLflow ({redact(uri)}) did not record configuration {cid}: {exc}", stacklevel=2)
         return None
+
+
+@contextmanager
+def fluent(uri: str):
+    """MLflow's fluent API (``mlflow.start_run``, a flavour's ``log_model``) at ``uri`` inside the block, and the
+    process as it was after it: ``mlflow.set_tracking_uri`` also sets ``MLFLOW_TRACKING_URI``, which the next
+    search in this process (a notebook's second experiment) would otherwise read as its store."""
+    import mlflow
+
+    before = os.environ.get("MLFLOW_TRACKING_URI")
+    mlflow.set_tracking_uri(uri)
+    try:
+        yield
+    finally:
+        mlflow.set_tracking_uri(None)
+        if before is not None:
+            os.environ["MLFLOW_TRACKING_URI"] = before
 
 
 def log_text(uri: str, run_id: str, text: str, name: str) -> None:

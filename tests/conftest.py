@@ -111,3 +111,25 @@ def ray_cluster():
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
 
+
+def tiny_experiment(tmp_path, name: str, search: str, seeds: str, sts_sets: str = "null", max_steps: int = 4,
+                    tracking: str = "") -> str:
+    """A tiny SimCSE search on raw-bert-mini-mlm (256 STS sentences, a few steps) written to tmp_path; its
+    results under tmp_path/results."""
+    text = f"""\
+name: {name}
+method: simcse-unsup
+model: {{name: {RAW_BERT}}}
+data: {{train: sts-unlabeled, dev: sickr:dev, max_train_samples: 256}}
+train: {{batch_size: 16, max_steps: {max_steps}, eval_every: 2, max_length: 24, lr: 1.0e-4, eval_at_start: false}}
+params: {{pooling: mean}}
+eval: {{tasks: [sts], sts_sets: {sts_sets}, batch_size: 256, max_length: 64}}
+seeds: {seeds}
+resources: {{cpus_per_worker: 0.9}}
+tracking: {{results_dir: {tmp_path / 'results'}{tracking}}}
+search:
+{search}
+"""
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(text)
+    return str(path)

@@ -70,9 +70,11 @@ def json_default(o):
     return str(o)
 
 
-def add_schema_options(parser, model, fields: list[str], metavars: dict[str, str] | None = None) -> None:
+def add_schema_options(parser, model, fields: list[str], metavars: dict[str, str] | None = None,
+                       defaults: dict[str, tuple] | None = None) -> None:
     """``--<field>`` options (``_`` as ``-``) whose type, choices, default and help are those of the fields of
-    the pydantic ``model``: an option that an experiment file can also hold is defined once, in the schema."""
+    the pydantic ``model``: an option that an experiment file can also hold is defined once, in the schema.
+    ``defaults``: ``{field: (default, what the help says of it)}`` where the command's default differs."""
     import types
     import typing
 
@@ -91,6 +93,9 @@ def add_schema_options(parser, model, fields: list[str], metavars: dict[str, str
             kwargs["type"] = annotation
         if metavars and name in metavars:
             kwargs["metavar"] = metavars[name]
-        if default is not None:
+        if defaults and name in defaults:
+            kwargs["default"] = defaults[name][0]
+            kwargs["help"] += f" (default: {defaults[name][1]})"
+        elif default is not None:
             kwargs["help"] += f" (default {default})"
         parser.add_argument("--" + name.replace("_", "-"), **kwargs)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
+import time
 
 from raysent.cli.common import EPILOG, add_schema_options, json_default, split_list
 from raysent.config import EvalConfig
@@ -38,7 +38,8 @@ def register(sub) -> None:
     e.add_argument("--dev", nargs="+", default=["stsb:dev"], metavar="SPEC", help="dev sets for --split dev")
     e.add_argument("--tasks-sts", nargs="+", metavar="TASK", help="subset of sts12 sts13 sts14 sts15 sts16 stsb sickr")
     # options an experiment file also holds (eval.*): defined once, in raysent.config.EvalConfig
-    add_schema_options(e, EvalConfig, ["aggregation", "max_length", "batch_size"])
+    add_schema_options(e, EvalConfig, ["aggregation", "max_length", "batch_size"],
+                       defaults={"max_length": (None, "what the model was saved with (raysent.json), else 256")})
     g = e.add_argument_group("senteval")
     add_schema_options(g, EvalConfig, ["senteval_tasks", "probe", "nhid", "kfold", "mrpc_features"],
                        metavars={"senteval_tasks": "TASK"})
@@ -64,26 +65,13 @@ def register(sub) -> None:
     e.set_defaults(func=run)
 
 
-def _default_pooling(encoder) -> str | None:
-    if encoder.meta.pooling:
-        return encoder.meta.pooling
-    st = Path(encoder.source) / "1_Pooling" / "config.json"  # a sentence-transformers model
-    if st.is_file():
-        cfg = json.loads(st.read_text())
-        for key, name in (("pooling_mode_mean_tokens", "mean"), ("pooling_mode_cls_token", "cls_before_pooler"),
-                          ("pooling_mode_max_tokens", "max")):
-            if cfg.get(key):
-                return name
-    return None
-
-
 def _eval_config(args, tasks: list[str]) -> EvalConfig:
     """The eval.* options given on the command line, checked as an experiment file's are."""
     from pydantic import ValidationError
 
-    values = {k: getattr(args, k) for k in EVAL_OPTIONS}
+    values = {k: getattr(args, k) for k in EVAL_OPTIONS if getattr(args, k) is not None}
     for k in ("senteval_tasks", "sts17_tracks"):  # repeatable or comma-separated
-        values[k] = split_list(values[k]) or None
+        values[k] = split_list(values.get(k)) or None
     try:
         return EvalConfig(tasks=tasks, sts_sets=args.tasks_sts, **values)
     except ValidationError as exc:
@@ -92,8 +80,6 @@ def _eval_config(args, tasks: list[str]) -> EvalConfig:
 
 
 def run(args) -> int:
-    import time
-
     started = time.perf_counter()
     from raysent.eval.suite import check_tasks
 
@@ -104,10 +90,9 @@ def run(args) -> int:
                            "be combined with --tasks or --pooling")
     if args.plot and not args.layers:
         raise RaysentError("--plot writes the --layers grid; add --layers")
-    from raysent.eval.sts import TASK_LABELS, evaluate_dev, evaluate_sts, format_table
-    from raysent.models.embedder import Embedder
-    from raysent.models.encoder import Encoder
-    from raysent.models.pooling import check_pooling, describe_allowed
+    from raysent.api import evaluate, load
+    from raysent.eval.sts import TASK_LABELS, evaluate_dev, format_table
+    from raysent.models.pooling import check_pooling
 
     if args.threads is not None:
         if args.threads < 1:
@@ -115,28 +100,21 @@ def run(args) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    encoder = Encoder.load(args.model)
+    if args.pooling:
+        check_pooling(args.pooling, "--pooling", error=RaysentError)
     if args.layers:
-        return _eval_layers(args, encoder)
-    pooling = args.pooling or _default_pooling(encoder)
-    if pooling is None:
-        raise RaysentError(f"--pooling is needed: {args.model} does not say how its sentence vectors are read "
-                           f"(no raysent.json, no sentence-transformers pooling config); allowed: {describe_allowed()}")
-    check_pooling(pooling, "--pooling", error=RaysentError)
-    encoder.eval()
+        from raysent.models.encoder import Encoder
 
-    def embed(tok):
-        return encoder.embed(tok, pooling)
-
-    embedder = Embedder(embed, encoder.tokenizer, module=encoder, max_length=args.max_length,
-                        batch_size=args.batch_size)
+        return _eval_layers(args, Encoder.load(args.model))
+    # the tokens per sentence: --max-length, else what the model was exported with (raysent.json), else 256
+    encoder = load(args.model, pooling=args.pooling, max_length=args.max_length, batch_size=args.batch_size)
     progress = None if args.format == "json" else (lambda m: print(m, file=sys.stderr))
     if args.split == "dev":
         if tasks != ["sts"]:
             raise RaysentError(f"--split dev evaluates the model-selection sets (--dev) only; it cannot be combined "
                                f"with --tasks {','.join(tasks)}")
-        res = evaluate_dev(embedder, args.dev)
-        res = {"model": args.model, "pooling": pooling, "split": "dev", **res}
+        res = {"model": args.model, "pooling": encoder.pooling, "split": "dev",
+               **evaluate_dev(encoder.encode, args.dev)}
         if args.format == "json":
             print(json.dumps(res, indent=2))
         else:
@@ -144,16 +122,28 @@ def run(args) -> int:
                 if k.startswith("dev"):
                     print(f"{k:24s} {v:.2f}")
         return 0
+    options = args.eval_config.task_options(n_jobs=args.n_jobs)
+    if tasks == ["sts"]:
+        options["sts"] = {"tasks": args.tasks_sts or list(TASK_LABELS), "aggregation": args.aggregation}
+    result = evaluate(encoder, tasks, max_samples=args.max_samples, options={t: options[t] for t in tasks},
+                      progress=progress)
     if tasks == ["sts"]:  # the STS table alone: the output it has always had
-        sts_sets = args.tasks_sts or list(TASK_LABELS)
-        res = evaluate_sts(embedder, tasks=sts_sets, aggregation=args.aggregation, progress=progress)
-        res = {"model": args.model, "pooling": pooling, "split": "test", **res}
+        res = {"model": args.model, "pooling": encoder.pooling, "split": "test", **result.details["sts"]}
         if args.format == "json":
             print(json.dumps(res, indent=2))
         else:
-            print(format_table(res, title=f"{args.model}  pooling={pooling}"))
+            print(format_table(res, title=f"{args.model}  pooling={encoder.pooling}"))
         return 0
-    return _eval_suite(args, tasks, embedder, pooling, progress, started)
+    result.seconds["wall_incl_model_load"] = time.perf_counter() - started
+    if args.format == "json":
+        out = {"model": args.model, "pooling": encoder.pooling, "split": "test", "tasks": tasks,
+               "metrics": result.metrics, "details": result.details, "seconds": result.seconds,
+               "sentences_embedded": result.sentences_embedded, "notes": result.notes}
+        print(json.dumps(out, indent=2, default=json_default))
+    else:
+        result.model = args.model
+        print(result.text)
+    return 0
 
 
 def _eval_layers(args, encoder) -> int:
@@ -162,7 +152,7 @@ def _eval_layers(args, encoder) -> int:
 
     progress = None if args.format == "json" else (lambda m: print(m, file=sys.stderr))
     res = layer_grid(encoder, args.dev, poolings=args.layer_poolings, max_pairs=args.max_samples,
-                     max_length=args.max_length, batch_size=args.batch_size, progress=progress)
+                     max_length=args.max_length or 256, batch_size=args.batch_size, progress=progress)
     res["model"] = args.model
     if args.plot:
         from raysent.report.plots import plot_layer_grid
@@ -174,24 +164,4 @@ def _eval_layers(args, encoder) -> int:
         print(format_grid(res, title=f"{args.model}: Spearman x100 per layer and pooling"))
         if args.plot:
             print(f"wrote {res['plot']}", file=sys.stderr)
-    return 0
-
-
-def _eval_suite(args, tasks: list[str], embedder, pooling: str, progress, started: float) -> int:
-    """``--tasks`` with anything besides sts: raysent.eval.suite.evaluate_tasks."""
-    import time
-
-    from raysent.eval.suite import evaluate_tasks, format_tables
-
-    options = args.eval_config.task_options(n_jobs=args.n_jobs)
-    res = evaluate_tasks(embedder, tasks, max_samples=args.max_samples,
-                         options={t: options[t] for t in tasks}, progress=progress)
-    res["seconds"]["wall_incl_model_load"] = time.perf_counter() - started
-    if args.format == "json":
-        out = {"model": args.model, "pooling": pooling, "split": "test", "tasks": res["tasks"],
-               "metrics": res["metrics"], "details": res["details"], "seconds": res["seconds"],
-               "sentences_embedded": res["sentences_embedded"], "notes": res["notes"]}
-        print(json.dumps(out, indent=2, default=json_default))
-    else:
-        print(format_tables(res, title=f"{args.model}  pooling={pooling}  tasks={','.join(tasks)}"))
     return 0

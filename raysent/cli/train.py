@@ -32,34 +32,25 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from raysent.config import load_config
+    from raysent.api import fit, resolve_config
 
-    cfg = load_config(args.config, overrides=parse_set(args.set))
+    overrides = parse_set(args.set)
     if args.output_dir:
-        from raysent.config import with_overrides
-
-        cfg = with_overrides(cfg, {"train.output_dir": args.output_dir})
+        overrides["train.output_dir"] = args.output_dir
+    cfg = resolve_config(args.config, overrides)
     if args.print_config:
         print(cfg.to_yaml())
         return 0
-    from raysent.preflight import preflight
-    from raysent.tune.suite import rough_estimate
-
-    found = preflight(cfg, output_dir=True)  # before any training: one error listing every problem (exit 2)
     if args.dry_run:
-        report = {"checked": found, "estimate": rough_estimate(cfg, searched=False)}
+        from raysent.preflight import preflight
+        from raysent.tune.suite import rough_estimate
+
+        report = {"checked": preflight(cfg, output_dir=True), "estimate": rough_estimate(cfg, searched=False)}
         print(json.dumps(report, indent=2, default=str) if args.format == "json" else yaml_dump(report))
         return 0
-    if cfg.resources.workers:
-        from raysent.train.ray_train import train_with_ray
-
-        with stdout_for(args.format):
-            summary = train_with_ray(cfg, resume=args.resume, quiet=args.quiet)
-            disconnect_ray()
-    else:
-        from raysent.train.run import train_in_process
-
-        summary = train_in_process(cfg, resume=args.resume, quiet=args.quiet)
+    with stdout_for(args.format):
+        summary = fit(cfg, resume=args.resume, quiet=args.quiet)  # checks first: one error listing every problem
+        disconnect_ray()
     _print_train_summary(summary, args.format)
     return 0
 

@@ -6,6 +6,7 @@ import argparse
 import json
 
 from raysent.cli.common import EPILOG, disconnect_ray, parse_set, stdout_for, yaml_dump
+from raysent.config import with_overrides
 from raysent.errors import RaysentError
 
 
@@ -38,19 +39,19 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from raysent.config import load_config, with_overrides
+    from raysent.api import resolve_config
 
     path = args.config_opt or args.config
     if not path:
         raise RaysentError("raysent tune: give the experiment YAML (raysent tune FILE.yaml, or --config FILE.yaml)")
-    cfg = load_config(path, overrides=parse_set(args.set))
+    cfg = resolve_config(path, parse_set(args.set))
     if args.address:
         cfg = with_overrides(cfg, {"resources.address": args.address})
-    from raysent.tune.search import format_summary, plan, tune_experiment
-
     if args.dry_run:
         from raysent.preflight import preflight
+        from raysent.tune.search import plan
         from raysent.tune.suite import rough_estimate
+
         p = {**plan(cfg, final_only=args.final_only),
              "estimate": rough_estimate(cfg, searched=not args.final_only and cfg.search is not None)}
         try:  # the same checks as a real run makes before its first trial
@@ -61,9 +62,24 @@ def run(args) -> int:
         finally:
             print(json.dumps(p, indent=2, default=str) if args.format == "json" else yaml_dump(p))
         return 0
-    with stdout_for(args.format):
-        summary = tune_experiment(cfg, resume=args.resume, final_only=args.final_only, quiet=args.quiet,
-                                  source=str(path))
-        disconnect_ray()
-    print(json.dumps(summary, indent=2, default=str) if args.format == "json" else format_summary(summary))
+    from raysent.api import search
+    from raysent.tune.publish import PublishError
+
+    try:
+        with stdout_for(args.format):
+            try:
+                result = search(cfg, resume=args.resume, final_only=args.final_only, quiet=args.quiet)
+            finally:
+                disconnect_ray()
+    except PublishError as exc:  # the search finished; MLflow did not take its outcome: the summary, then why
+        if exc.result is not None:
+            _print(exc.result.summary, args.format)
+        raise
+    _print(result.summary, args.format)
     return 0
+
+
+def _print(summary: dict, fmt: str) -> None:
+    from raysent.tune.search import format_summary
+
+    print(json.dumps(summary, indent=2, default=str) if fmt == "json" else format_summary(summary))

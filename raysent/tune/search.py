@@ -342,12 +342,18 @@ def tune_experiment(cfg: ExperimentConfig, resume: bool = False, final_only: boo
         raise RaysentError(f"--resume: no search to resume in {exp} (no {STATE_FILE}); run without --resume")
     from raysent.preflight import check_resources, preflight
 
+    trains = state.get("phase") not in ("publish", "done")  # a resumed search may have only its outcome to log
     preflight(cfg, resources=False)  # model, data, batch, results folder: before Ray starts (exit 2)
     exp.mkdir(parents=True, exist_ok=True)
-    init_ray(cfg)
-    check_resources(cfg)  # against the Ray this search runs on
     uri = tracking_uri(cfg)
     exp_id = ensure_experiment(cfg)
+    if exp_id is not None:
+        from raysent.tune.publish import check_publishing
+
+        check_publishing(cfg, exp_id)  # the artifact store and the model registry: before Ray starts (exit 2)
+    if trains:
+        init_ray(cfg)
+        check_resources(cfg)  # against the Ray this search runs on
     if not state:
         state = {"run": datetime.now().strftime("%Y%m%d-%H%M%S"), "phase": "final" if final_only else "search",
                  "config": cfg.to_dict(), "source": source}
@@ -368,18 +374,18 @@ def tune_experiment(cfg: ExperimentConfig, resume: bool = False, final_only: boo
             state.update(phase="final", best=best)
             _save_state(exp, state)
         if state["phase"] == "final" and not search_only:
-            best = state.get("best") or {"hp": {}, "config_id": config_id({}), "dev_mean": None}
+            best = state.setdefault("best", {"hp": {}, "config_id": config_id({}), "dev_mean": None})  # --final-only
             final = run_final(cfg, exp, state, best, mlflow, resume, say)
             paper = warm_point(cfg) if paper_arm and not final_only else None
             again = paper is not None and config_id(paper) != best["config_id"]
-            state.update(phase="paper" if again else "done", final=final)
+            state.update(phase="paper" if again else "publish", final=final)
             _save_state(exp, state)
         if state["phase"] == "paper":  # search.warm_start: the paper's setting on the same seeds, to compare
             paper = warm_point(cfg) or {}
             state["paper"] = run_final(cfg, exp, state, {"hp": paper, "config_id": config_id(paper)}, mlflow, resume,
                                        say, arm="paper")
-            state.update(phase="done", vs_paper=versus_paper(exp, state["run"], config_id(paper),
-                                                             state["best"]["config_id"]))
+            state.update(phase="publish", vs_paper=versus_paper(exp, state["run"], config_id(paper),
+                                                                state["best"]["config_id"]))
             _save_state(exp, state)
         status = "FINISHED"
     except (Interrupted, KeyboardInterrupt):
@@ -392,8 +398,29 @@ def tune_experiment(cfg: ExperimentConfig, resume: bool = False, final_only: boo
     summary = {"experiment": exp.name, "results": str(exp), "search": state["run"], "best": state.get("best"),
                "final": state.get("final"), "paper": state.get("paper"), "vs_paper": state.get("vs_paper"),
                "mlflow": redact(uri) if mlflow else None, "wall_seconds": time.time() - started}
+    if mlflow:
+        summary["mlflow_runs_url"] = runs_view_url(mlflow["experiment_id"])
     write_json_atomic(exp / "summary.json", summary)
+    if state["phase"] == "publish":  # the outcome where researchers work: files, model cards, MLflow
+        from raysent.tune.publish import PublishError, publish
+
+        try:
+            state.update(published=publish(cfg, exp, state, mlflow, say, save=lambda: _save_state(exp, state)),
+                         phase="done")
+        except PublishError as exc:
+            summary["publish_error"] = str(exc)  # the search stays at this step: --resume publishes again
+        _save_state(exp, state)
+        summary["published"] = state.get("published")
+        write_json_atomic(exp / "summary.json", summary)
     return summary
+
+
+MLFLOW_UI = "http://127.0.0.1:5000"  # where `mlflow ui` serves by default
+
+
+def runs_view_url(experiment_id: str, base: str = MLFLOW_UI) -> str:
+    """The experiment's runs table in the MLflow UI (MLflow 3 opens an experiment on its GenAI overview)."""
+    return f"{base}/#/experiments/{experiment_id}/runs"
 
 
 class DefineByRun:
@@ -708,7 +735,16 @@ def format_summary(summary: dict) -> str:
         if flat:
             lines.append(f"NO LEARNING on seed(s) {flat}: the best checkpoint is step 0, the untouched input model; "
                          f"those scores are the input model's, not the method's")
-    lines.append(f"results: {summary['results']} (runs/, best.yaml, summary.json)")
+    published = summary.get("published") or {}
+    lines.append(f"results: {summary['results']} (runs/, best.yaml, summary.json"
+                 + (", summary.md, summary.csv" if published.get("files") else "") + ")")
+    if published.get("best_model_dir"):
+        lines.append(f"best model: {published['best_model_dir']} (a sentence-transformers model; README.md is its "
+                     "model card)")
     if summary.get("mlflow"):
-        lines.append(f"MLflow: {summary['mlflow']}  (mlflow ui --backend-store-uri {summary['mlflow']})")
+        lines.append(f"MLflow: {summary['mlflow']}  (mlflow ui --backend-store-uri {summary['mlflow']} --host "
+                     f"127.0.0.1, then open {summary.get('mlflow_runs_url') or MLFLOW_UI})")
+    if published.get("registered"):
+        reg = published["registered"]
+        lines.append(f"registered: {reg['uri']} (mlflow.sentence_transformers.load_model('{reg['uri']}'))")
     return "\n".join(lines)

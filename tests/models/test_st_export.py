@@ -8,6 +8,7 @@ import contextlib
 import io
 import json
 import logging
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -123,3 +124,37 @@ def test_raysent_export_rewrites_a_model_for_sentence_transformers(tiny_bert, tm
     bad = run_cli("export", RAW_BERT, str(tmp_path / "bad"), "--pooling", "cls", check=False)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert "cls_before_pooler" in bad.stderr and bad.stderr.count("\n") == 1
+
+
+@pytest.mark.slow
+@pytest.mark.shared
+def test_a_trained_mini_suite_model_scores_the_same_in_sentence_transformers_as_in_raysent_eval(tmp_path):
+    """The mini suite's searched layer-wise attention pooler (results/mini-layeratt-searched/best.yaml: eq8,
+    its lr and temperature), trained 6 steps from raw-bert-mini-mlm with real weights: `raysent eval`'s STS-B
+    test Spearman equals scipy's on sentence-transformers' vectors of the same folder, to 0.001."""
+    import json as jsonlib
+
+    from scipy import stats
+
+    from raysent.data import load
+
+    from conftest import REPO
+
+    summary = raysent.fit(REPO / "results" / "mini-layeratt-searched" / "best.yaml",
+                          {"max_steps": 6, "eval_every": 3, "data.max_train_samples": 192, "seed": 1},
+                          output_dir=tmp_path / "run")
+    best = summary.best_model_dir
+    assert summary.best_step > 0  # trained weights, not the untouched encoder
+    out = run_cli("eval", "--model", best, "--tasks-sts", "stsb", "--format", "json")
+    ours = jsonlib.loads(out.stdout)["tasks"]["stsb"]["spearman"]
+    model, said = loaded_quietly(best, trust=True)
+    assert not [w for w in WARNINGS if w in said.lower()], said
+    pairs = load("stsb:test", "scored_pairs")
+    a, b = model.encode(pairs.sentence1, batch_size=64), model.encode(pairs.sentence2, batch_size=64)
+    cos = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+    # the same to the third decimal: vectors equal to ~1e-7 reorder a few near-tied cosines, no more
+    assert 100 * stats.spearmanr(cos, pairs.scores).statistic == pytest.approx(ours, abs=1e-3)
+    want = raysent.load(best).encode(pairs.sentence1[:200])
+    assert cosines(model.encode(pairs.sentence1[:200]), want).min() > 1 - 1e-5
+    card = (Path(best) / "README.md").read_text()
+    assert "Oh et al. 2022" in card and "trust_remote_code=True" in card and "`temperature` | 0.01839" in card

@@ -17,29 +17,10 @@ import pytest
 
 from raysent.config import load_config
 
-from conftest import RAW_BERT, REPO, json_summary_last, run_cli
+from conftest import REPO, json_summary_last, run_cli
+from conftest import tiny_experiment as experiment
 
 pytestmark = [pytest.mark.slow, pytest.mark.shared]
-
-
-def experiment(tmp_path, name: str, search: str, seeds: str, sts_sets: str = "null", max_steps: int = 4) -> str:
-    text = f"""\
-name: {name}
-method: simcse-unsup
-model: {{name: {RAW_BERT}}}
-data: {{train: sts-unlabeled, dev: sickr:dev, max_train_samples: 256}}
-train: {{batch_size: 16, max_steps: {max_steps}, eval_every: 2, max_length: 24, lr: 1.0e-4, eval_at_start: false}}
-params: {{pooling: mean}}
-eval: {{tasks: [sts], sts_sets: {sts_sets}, batch_size: 256, max_length: 64}}
-seeds: {seeds}
-resources: {{cpus_per_worker: 0.9}}
-tracking: {{results_dir: {tmp_path / 'results'}}}
-search:
-{search}
-"""
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(text)
-    return str(path)
 
 
 SEARCH = """\
@@ -61,7 +42,7 @@ def test_search_seeds_failures_final_phase_and_mlflow(ray_cluster, tmp_path):
 
     from raysent.tune.search import tune_experiment
 
-    cfg = load_config(experiment(tmp_path, "tiny", SEARCH, "[7, 8]"))
+    cfg = load_config(experiment(tmp_path, "tiny", SEARCH, "[7, 8]", tracking=", log_model: all"))
     summary = tune_experiment(cfg, quiet=True)
     exp = tmp_path / "results" / "tiny"
     records = [json.loads(p.read_text()) for p in sorted((exp / "runs").glob("*.json"))]
@@ -112,6 +93,8 @@ def test_search_seeds_failures_final_phase_and_mlflow(ray_cluster, tmp_path):
         parent = runs[run.data.tags["mlflow.parentRunId"]]
         assert parent.data.tags["config_id"] == rec["config_id"]
         assert runs[parent.data.tags["mlflow.parentRunId"]].info.run_name.startswith("search-")
+        assert parent.info.run_name == f"{rec['phase']}: " + " ".join(
+            f"{k}={v:.3g}" for k, v in sorted(rec["hp"].items()))  # named like its seeds: `search: lr=…`
         curve = client.get_metric_history(rec["mlflow_run_id"], "dev_spearman")
         assert [m.step for m in curve] == [p["step"] for p in rec["dev_curve"]] == [2, 4]
     assert all(f"sts/{t}" in runs[r["mlflow_run_id"]].data.metrics for r in final for t in ("stsb", "sickr"))
@@ -130,6 +113,27 @@ def test_search_seeds_failures_final_phase_and_mlflow(ray_cluster, tmp_path):
     failed_runs = [r for r in runs.values() if r.info.status == "FAILED"]
     assert len(failed_runs) == 2 and all("loss became nan" in r.data.tags["error"] for r in failed_runs)
     assert all("temperature=1e-45" in r.info.run_name for r in failed_runs)
+
+    # tracking.log_model: all: every final seed's model is logged in its own run (sentence_transformers
+    # flavour); the best one is registered, and `models:/tiny/latest` embeds as raysent eval does
+    import mlflow
+
+    logged = client.search_logged_models(experiment_ids=[exp_id])
+    assert sorted(m.source_run_id for m in logged) == sorted(r["mlflow_run_id"] for r in final)
+    best_final = max(final, key=lambda r: r["best_dev_spearman"])
+    assert client.get_model_version("tiny", "1").run_id == best_final["mlflow_run_id"]
+    from raysent.tracking import fluent
+
+    with fluent(f"sqlite:///{tmp_path / 'results' / 'mlflow.db'}"):
+        model = mlflow.sentence_transformers.load_model("models:/tiny/latest")
+    import raysent
+
+    sentences = ["A man is playing a guitar.", "Someone plays an instrument.", "A cat sleeps."]
+    want = raysent.load(best_final["best_model_dir"]).encode(sentences)
+    got = model.encode(sentences)
+    cos = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
+    assert cos.min() > 1 - 1e-5
+    assert summary["published"]["model"]["megabytes"] > 1
 
 
 RESUME_SEARCH = """\
@@ -341,3 +345,52 @@ def test_warm_start_tries_the_papers_setting_first_and_compares_the_best_with_it
     assert summary["paper"]["scores"]["sts/stsb"]["n"] == 2
     text = format_summary(summary)
     assert "  searched " in text and "  paper " in text and "  Δ " in text
+
+    # the outcome where researchers work: the search's parent run carries the table, plots and best.yaml, the
+    # outcome as metrics (winner, paper arm, their paired Δ and p, best dev) and the winner's hyperparameters
+    # as params; the configuration runs are named like their seeds
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'results' / 'mlflow.db'}")
+    exp_id = client.get_experiment_by_name("warm").experiment_id
+    parent = client.get_run(json.loads((exp / "state.json").read_text())["parent_run_id"])
+    assert summary["mlflow_runs_url"] == f"http://127.0.0.1:5000/#/experiments/{exp_id}/runs" and \
+        summary["mlflow_runs_url"] in text
+    files = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {"summary.md", "summary.csv", "summary.json", "best.yaml", "plots"} <= files
+    assert {a.path for a in client.list_artifacts(parent.info.run_id, "plots")} >= {"plots/dev_curves.png"}
+    m = parent.data.metrics
+    for key in ("sts/stsb", "sts/sickr"):
+        assert m[f"{key}_mean"] == pytest.approx(summary["final"]["scores"][key]["mean"])
+        assert m[f"{key}_std"] == pytest.approx(summary["final"]["scores"][key]["std"])
+        assert m[f"paper/{key}_mean"] == pytest.approx(summary["paper"]["scores"][key]["mean"])
+        d = vs["tasks"][key.split("/")[1]]
+        assert m[f"delta/{key}"] == pytest.approx(d["diff_mean"]) and m[f"p_ttest/{key}"] == pytest.approx(d["t_p"])
+        assert m[f"p_wilcoxon/{key}"] == pytest.approx(d["wilcoxon_p"])
+    assert m["best_dev_spearman_mean"] == pytest.approx(summary["best"]["dev_mean"])
+    assert parent.data.params["lr"] == "1e-09" and json.loads(parent.data.params["seeds"]) == [1, 2]
+    assert "| Row |" in parent.data.tags["mlflow.note.content"]  # the run's description: the table
+    names = {r.info.run_name for r in client.search_runs([exp_id], max_results=100)}
+    assert {"search: lr=1e-09", "search: lr=0.0003", "final: lr=1e-09", "final: lr=0.0001"} <= names
+    table = (exp / "summary.md").read_text()
+    assert "— searched best" in table and "— paper's setting" in table and "[paper] SimCSE" in table
+
+    # the final best model (best dev of the winner's final runs) is logged with the sentence_transformers
+    # flavour and registered as version 1 of "warm", described by the table and tagged with the outcome
+    published = summary["published"]
+    finals_best = max((json.loads(p.read_text()) for p in (exp / "runs").glob(f"final-*-{best_cid}-seed*.json")),
+                      key=lambda r: r["best_dev_spearman"])
+    assert published["model"]["seed"] == finals_best["seed"] and published["registered"]["version"] == "1"
+    version = client.get_model_version("warm", "1")
+    assert version.run_id == finals_best["mlflow_run_id"] and "| Row |" in version.description
+    assert version.tags["method"] == "simcse-unsup" and json.loads(version.tags["seeds"]) == [1, 2]
+    assert float(version.tags["sts/avg_mean"]) == pytest.approx(summary["final"]["scores"]["sts/avg"]["mean"],
+                                                                abs=1e-4)
+    assert version.tags["transductive"] == "true"
+    card = (Path(finals_best["best_model_dir"]) / "README.md").read_text()
+    assert "arXiv:2104.08821" in card and "Transductive**: yes" in card and "— searched best" in card
+
+    # a second search adds version 2; version 1 stays as it was
+    tune_experiment(cfg, quiet=True, final_only=True)
+    assert client.get_model_version("warm", "1").run_id == version.run_id
+    assert {str(v.version) for v in client.search_model_versions("name='warm'")} == {"1", "2"}

@@ -1,0 +1,396 @@
+"""What a finished search leaves where researchers work: files, model cards and MLflow.
+
+After the final phase (and the paper arm), :func:`publish`:
+
+1. writes the search's mean ± std table of its final runs (the winner and the paper's setting, with the
+   papers' rows where they match) to ``results/<experiment>/summary.{md,csv,tex}`` and its plots to
+   ``plots/``;
+2. puts that table into the model card (README.md) of every final best-model folder of the winner;
+3. with MLflow on, gives the search's parent run the outcome: the table, the plots, ``best.yaml``,
+   ``summary.json`` and the Optuna study as artifacts; each ``sts/*`` mean and std of the winner and of the
+   paper arm, their paired difference and p values and the best dev score as metrics; the winning
+   hyperparameters as params (the names the seed runs use), and the table as the run's description;
+4. logs the final phase's best model (the winner's final run with the best dev score) with MLflow's
+   ``sentence_transformers`` flavour into that run (``tracking.log_model``: ``best``, ``all`` final seeds, or
+   ``none``) and registers it in the model registry under ``tracking.registered_model`` (default: the
+   experiment's name), a new version per search, whose description is the table and whose tags are the
+   method, the seeds, the ``sts/avg`` mean and std and whether training was transductive.
+
+The flavour is sentence-transformers, not transformers: the transformers flavour holds the encoder without
+its pooling (``pipeline("feature-extraction")`` returns token vectors), while a raysent model folder is a
+sentence-transformers model whose ``encode`` returns what ``raysent eval`` embeds. A pooling computed by
+raysent's own module travels with raysent's code (``code_paths``), so ``mlflow.sentence_transformers
+.load_model`` works where raysent is not installed.
+
+Any failure here is one :class:`PublishError` that says what to do; the search's records and models stay in
+``results/``, its state stays at this step, and ``raysent tune --resume`` runs this step again, nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from raysent.config import ExperimentConfig, hyperparameters, with_overrides
+from raysent.errors import RaysentError
+
+MODEL_ARTIFACT = "model"
+EXPERIMENT_TAG = "raysent.experiment"  # on a registered model: the experiment whose versions it holds
+
+
+class PublishError(RaysentError):
+    """The outcome of a finished search could not be written to MLflow (the search itself is complete);
+    ``result``: the search's :class:`raysent.api.SearchResult`, when it got that far."""
+
+    result: Any = None
+
+
+def registered_name(cfg: ExperimentConfig) -> str:
+    from raysent.tracking import experiment_name
+
+    return cfg.tracking.registered_model or experiment_name(cfg)
+
+
+def final_records(exp: Path, run: str, cid: str) -> list[dict]:
+    from raysent.train.records import read_record
+
+    return [read_record(p).model_dump(exclude_unset=True)
+            for p in sorted((exp / "runs").glob(f"final-{run}-{cid}-seed*.json"))]
+
+
+def search_table(exp: Path, run: str, best_cid: str | None = None, paper_cid: str | None = None):
+    """The mean ± std table of the search's final runs (:func:`raysent.report.table.build_table`)."""
+    from raysent.report.runs import load_experiment
+    from raysent.report.table import build_table
+
+    runs = [r for r in load_experiment(exp.name, exp.parent, "final") if r.search == run]
+    table = build_table(runs, published="match", title=f"{exp.name} (search {run})")
+    if best_cid is not None or paper_cid is not None:
+        for row in table.rows:
+            cid = row.info.get("config_id")
+            if cid == best_cid:
+                row.label += " — searched best"
+            elif cid == paper_cid:
+                row.label += " — paper's setting (search.warm_start)"
+    return table
+
+
+def results_markdown(table, state: dict) -> str:
+    """The card's and the registry's results section: the table, and the paired difference to the paper."""
+    lines = ["## Results", "", table.to_markdown().strip()]
+    avg = ((state.get("vs_paper") or {}).get("tasks") or {}).get("avg") or {}
+    if avg.get("diff_mean") is not None:
+        p = " ".join(f"{name} p {v:.3g}" for name, v in (("paired t-test", avg.get("t_p")),
+                                                          ("Wilcoxon", avg.get("wilcoxon_p"))) if v is not None)
+        lines += ["", f"Searched − paper's setting, Avg: {avg['diff_mean']:+.2f}"
+                  + (f" ± {avg['diff_std']:.2f}" if avg.get("diff_std") is not None else "")
+                  + f" over {avg['n']} paired seeds" + (f"; {p}" if p else "") + "."]
+    return "\n".join(lines)
+
+
+def outcome_metrics(state: dict) -> dict[str, float]:
+    """The parent run's metrics: ``sts/<set>_mean|_std`` of the winner, ``paper/…`` of the paper arm,
+    ``delta/sts/<set>`` (± ``_std``), ``p_ttest/…`` and ``p_wilcoxon/…`` of their paired difference, and the
+    winner's ``best_dev_spearman_mean|_std`` over the search's seeds."""
+    out: dict[str, float] = {}
+    for prefix, arm in (("", state.get("final")), ("paper/", state.get("paper"))):
+        for k, v in ((arm or {}).get("scores") or {}).items():
+            out[f"{prefix}{k}_mean"] = v["mean"]
+            out[f"{prefix}{k}_std"] = v["std"]
+    for col, d in ((state.get("vs_paper") or {}).get("tasks") or {}).items():
+        key = "best_dev_spearman" if col == "dev" else f"sts/{col}"
+        stats = {f"delta/{key}": d.get("diff_mean"), f"delta/{key}_std": d.get("diff_std"),
+                 f"p_ttest/{key}": d.get("t_p"), f"p_wilcoxon/{key}": d.get("wilcoxon_p")}
+        out.update({k: float(v) for k, v in stats.items() if v is not None})
+    best = state.get("best") or {}
+    if best.get("dev_mean") is not None:
+        out["best_dev_spearman_mean"] = float(best["dev_mean"])
+        out["best_dev_spearman_std"] = float(best.get("dev_std") or 0.0)
+    return out
+
+
+def best_final(recs: list[dict]) -> dict:
+    """The final run whose model is logged: the best dev score (the first seed on a tie)."""
+    return max(recs, key=lambda r: (r["best_dev_spearman"], -r["seed"]))
+
+
+def _artifacts(exp: Path, run: str, plots: list[Path]) -> list[tuple[Path, str | None]]:
+    files = [(exp / f"summary.{ext}", None) for ext in ("md", "csv", "tex", "json")]
+    files += [(exp / "best.yaml", None), (exp / "optuna.db", None)]
+    files += [(p, "plots") for p in plots]
+    return [(f, d) for f, d in files if f.is_file()]
+
+
+def publish(cfg: ExperimentConfig, exp: Path, state: dict, mlflow: dict | None, say, save=lambda: None) -> dict:
+    """Steps 1-4 of the module docstring; returns what was published (kept in the state and the summary).
+    A model logged or registered is noted in ``state`` at once (``save`` writes it): a publish run again after a
+    failure does not log or register it twice."""
+    from raysent.methods.card import write_card
+    from raysent.report.plots import plot_experiment
+
+    run = state["run"]
+    best = state.get("best") or {}
+    cid = best.get("config_id")
+    recs = final_records(exp, run, cid) if cid else []
+    out: dict[str, Any] = {"files": [], "cards": []}
+    if not recs:
+        return out
+    out["best_model_dir"] = best_final(recs).get("best_model_dir")
+    table = search_table(exp, run, cid, (state.get("vs_paper") or {}).get("paper"))
+    out["files"] = [str(p.relative_to(exp)) for p in table.write(exp / "summary")]
+    plots, _ = plot_experiment(exp.name, exp.parent, search=run)
+    section = results_markdown(table, state)
+    for r in recs:
+        folder = Path(r.get("best_model_dir") or "")
+        if (folder / "raysent.json").is_file():
+            out["cards"].append(str(write_card(folder, results=section)))
+    if mlflow is None or not state.get("parent_run_id"):
+        return out
+    out.update(_to_mlflow(cfg, exp, state, mlflow, recs, section, plots, say, save))
+    return out
+
+
+def _fail(what: str, exc: BaseException, fix: str) -> PublishError:
+    text = " ".join(str(exc).split())[:400]
+    return PublishError(f"{what}: {type(exc).__name__}: {text}. {fix} The search is complete: its records, "
+                        "table and models are in results/; `raysent tune --resume` with the same file logs its "
+                        "outcome to MLflow again, without training")
+
+
+def _to_mlflow(cfg: ExperimentConfig, exp: Path, state: dict, mlflow: dict, recs: list[dict], section: str,
+               plots: list[Path], say, save) -> dict:
+    from mlflow.entities import Metric, Param, RunTag
+
+    from raysent.tracking import client, redact
+
+    uri, parent = mlflow["uri"], state["parent_run_id"]
+    c = client(uri)
+    best = state["best"]
+    best_cfg = with_overrides(cfg, best["hp"]) if best.get("hp") else cfg
+    now = int(time.time() * 1000)
+    params = {**{k: v for k, v in hyperparameters(best_cfg).items() if k != "seed"},
+              "seeds": json.dumps(sorted(r["seed"] for r in recs)),
+              "searched": json.dumps(sorted(best.get("hp") or {}))}
+    try:
+        logged = c.get_run(parent).data.params  # a resumed publish: MLflow params are written once
+        new = [Param(k, _text(v)) for k, v in sorted(params.items()) if k not in logged]
+        c.log_batch(parent, metrics=[Metric(k, v, now, 0) for k, v in outcome_metrics(state).items()],
+                    params=new, tags=[RunTag("mlflow.note.content", section),
+                                      RunTag("best_config_id", best["config_id"])])
+    except Exception as exc:
+        raise _fail(f"MLflow ({redact(uri)}) did not take the search's outcome (run {parent})", exc,
+                    "Check that the tracking store is reachable and writable.") from None
+    try:
+        for path, folder in _artifacts(exp, state["run"], plots):
+            c.log_artifact(parent, str(path), folder)
+    except Exception as exc:
+        where = c.get_run(parent).info.artifact_uri
+        raise _fail(f"MLflow could not store the search's files in the parent run's artifact store {where}", exc,
+                    "Make that folder writable (or set tracking.mlflow_uri to a store you can write).") from None
+    out: dict[str, Any] = {"parent_run_id": parent}
+    mode = cfg.tracking.log_model
+    if mode == "none":
+        return out
+    chosen = best_final(recs)
+    logged = state.setdefault("logged_models", {})  # seed -> {uri, megabytes, seconds}, as they are logged
+    for r in (recs if mode == "all" else [chosen]):
+        if str(r["seed"]) not in logged:
+            started = time.perf_counter()
+            logged[str(r["seed"])] = {**log_model(uri, r, cfg), "seconds": time.perf_counter() - started}
+            save()
+    mine = logged[str(chosen["seed"])]
+    out["model"] = {"seed": chosen["seed"], "run_id": chosen.get("mlflow_run_id"), "path": chosen["best_model_dir"],
+                    "uri": mine["uri"], "seconds": sum(m["seconds"] for m in logged.values()),
+                    "megabytes": sum(m["megabytes"] for m in logged.values())}
+    if not state.get("registered"):
+        state["registered"] = register(cfg, c, uri, mine["uri"], recs, chosen, section, state)
+        save()
+    out["registered"] = state["registered"]
+    c.set_tag(parent, "registered_model", f"{out['registered']['name']}/{out['registered']['version']}")
+    say(f"MLflow: model of seed {chosen['seed']} logged ({out['model']['megabytes']:.1f} MB, "
+        f"{out['model']['seconds']:.1f} s) and registered as {out['registered']['name']} version "
+        f"{out['registered']['version']}")
+    return out
+
+
+def _text(v: Any) -> str:
+    return (json.dumps(v) if isinstance(v, (list, dict, tuple)) else str(v))[:6000]
+
+
+def _folder_mb(folder: Path) -> float:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) / 2**20
+
+
+def log_model(uri: str, record: dict, cfg: ExperimentConfig) -> dict:
+    """Log one final run's best model (its folder) into that run with the sentence_transformers flavour."""
+    import importlib.metadata
+
+    import mlflow
+    import mlflow.sentence_transformers
+    import transformers
+
+    from raysent.tracking import fluent, redact
+
+    folder = Path(record.get("best_model_dir") or "")
+    run_id = record.get("mlflow_run_id")
+    if not (folder / "modules.json").is_file():
+        raise PublishError(f"the best model of seed {record['seed']} ({folder}) is not on this machine or is not a "
+                           "sentence-transformers folder; on a cluster, set tracking.log_model: none, or run the "
+                           "search with its results folder on storage every node shares")
+    if not run_id:
+        raise PublishError(f"seed {record['seed']}'s record has no MLflow run to log its model into")
+    meta = json.loads((folder / "raysent.json").read_text())
+    needs_raysent = bool((meta.get("sentence_transformers") or {}).get("needs_raysent"))
+    try:
+        from sentence_transformers import SentenceTransformer
+
+        model = SentenceTransformer(str(folder), trust_remote_code=needs_raysent, device="cpu")
+        # MLflow stores what `model.save` writes: the folder as raysent wrote it (its card, raysent.json, and the
+        # Transformer's model_kwargs, which sentence-transformers' own save leaves out), not a re-serialisation
+        model.save = lambda path, *args, **kwargs: shutil.copytree(folder, path, dirs_exist_ok=True)
+    except Exception as exc:
+        raise PublishError(f"{folder}: sentence-transformers cannot load this model ({type(exc).__name__}: "
+                           f"{' '.join(str(exc).split())[:300]}); `raysent export` rewrites its layout") from None
+    requirements = [f"sentence-transformers=={importlib.metadata.version('sentence-transformers')}",
+                    f"transformers=={transformers.__version__}", f"torch=={_torch_version()}"]
+    code = [str(Path(__file__).resolve().parents[1])] if needs_raysent else None  # the raysent package
+    try:
+        with fluent(uri), mlflow.start_run(run_id=run_id):
+            info = mlflow.sentence_transformers.log_model(
+                model, name=MODEL_ARTIFACT, pip_requirements=requirements, code_paths=code,
+                metadata={"raysent_pooling": meta.get("pooling"), "raysent_method": meta.get("method"),
+                          "seed": record["seed"], "needs_raysent": needs_raysent})
+    except Exception as exc:
+        raise _fail(f"MLflow ({redact(uri)}) did not store the model of seed {record['seed']} (run {run_id})", exc,
+                    "Check that the tracking store and its artifact store are reachable and writable.") from None
+    return {"uri": info.model_uri, "megabytes": _folder_mb(folder)}
+
+
+def _torch_version() -> str:
+    import torch
+
+    return torch.__version__.split("+")[0]
+
+
+def register(cfg: ExperimentConfig, c, uri: str, model_uri: str, recs: list[dict], chosen: dict, section: str,
+             state: dict) -> dict:
+    """A new version of the registered model, described by the table and tagged with the outcome."""
+    from raysent.tracking import experiment_name, fluent, redact
+
+    name = registered_name(cfg)
+    exp_name = experiment_name(cfg)
+    registry = cfg.tracking.registry_uri or os.environ.get("MLFLOW_REGISTRY_URI") or uri
+    from mlflow.tracking import MlflowClient
+
+    reg = MlflowClient(tracking_uri=uri, registry_uri=registry)
+    avg = ((state.get("final") or {}).get("scores") or {}).get("sts/avg") or {}
+    tags = {"method": cfg.method, "seeds": json.dumps(sorted(r["seed"] for r in recs)),
+            "sts/avg_mean": f"{avg.get('mean', float('nan')):.4f}",
+            "sts/avg_std": f"{avg.get('std', float('nan')):.4f}",
+            "transductive": str(any(bool(r.get("transductive")) for r in recs)).lower(),
+            "experiment": exp_name, "search": state["run"], "seed": str(chosen["seed"]),
+            "config_id": state["best"]["config_id"]}
+    try:
+        check_registered_name(reg, name, exp_name)
+        try:
+            reg.create_registered_model(name, tags={EXPERIMENT_TAG: exp_name},
+                                        description=f"raysent experiment {exp_name}: {cfg.method} on {cfg.model.name}")
+        except Exception as exc:
+            if "already exists" not in str(exc) and "RESOURCE_ALREADY_EXISTS" not in str(exc):
+                raise
+        with fluent(uri):  # MLflow resolves a logged model's `models:/m-…` URI through the fluent tracking URI
+            version = reg.create_model_version(name, model_uri, run_id=chosen.get("mlflow_run_id"), tags=tags,
+                                               description=section)
+    except PublishError:
+        raise
+    except Exception as exc:
+        raise _fail(f"the MLflow model registry ({redact(registry)}) did not register {name!r}", exc,
+                    "Check that the registry is reachable (tracking.registry_uri, MLFLOW_REGISTRY_URI).") from None
+    return {"name": name, "version": str(version.version), "uri": f"models:/{name}/{version.version}"}
+
+
+def check_registered_name(reg, name: str, exp_name: str) -> None:
+    """A registered model of this name that holds another experiment's models (or not raysent's) is a
+    collision: raysent never adds its versions there."""
+    try:
+        existing = reg.get_registered_model(name)
+    except Exception as exc:
+        if "RESOURCE_DOES_NOT_EXIST" in str(exc) or "not found" in str(exc).lower():
+            return
+        raise
+    owner = (existing.tags or {}).get(EXPERIMENT_TAG)
+    if owner != exp_name:
+        held = f"experiment {owner!r}'s models" if owner else "models that raysent did not register"
+        raise PublishError(f"the MLflow model registry already has a model named {name!r}, holding {held}; raysent "
+                           f"adds versions only to its own experiment's model. Set another name: "
+                           f"`--set tracking.registered_model=NAME` (or tracking.registered_model in the file); the "
+                           "search's records and models are in results/, and `raysent tune --resume` registers it")
+
+
+class _FastFail:
+    """MLflow's HTTP client tries an unreachable server for minutes (retries with back-off); a check before a
+    search asks once, with a short timeout."""
+
+    VARS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+
+    def __enter__(self):
+        self.saved = {k: os.environ.get(k) for k in self.VARS}
+        os.environ.update(self.VARS)
+
+    def __exit__(self, *exc):
+        for k, v in self.saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _local_path(artifact_uri: str) -> Path | None:
+    if artifact_uri.startswith("file://"):
+        from urllib.parse import unquote, urlparse
+
+        return Path(unquote(urlparse(artifact_uri).path))
+    return Path(artifact_uri) if "://" not in artifact_uri else None
+
+
+def check_publishing(cfg: ExperimentConfig, experiment_id: str) -> None:
+    """Before a search trains: the experiment's artifact store can be written (when it is a local folder), and,
+    with ``tracking.log_model`` on, the model registry answers and its name for the model is free or this
+    experiment's. Raises :class:`PublishError` with what to do."""
+    from raysent.tracking import client, experiment_name, redact, tracking_uri
+
+    uri = tracking_uri(cfg)
+    location = client(uri).get_experiment(experiment_id).artifact_location
+    folder = _local_path(location)
+    if folder is not None:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            probe = folder / f".raysent-write-check-{os.getpid()}"
+            probe.write_text("")
+            probe.unlink()
+        except OSError as exc:
+            raise PublishError(f"MLflow experiment {experiment_name(cfg)!r} keeps its artifacts in {folder}, which "
+                               f"cannot be written ({exc.strerror or exc}): the search's table, plots and model "
+                               "would be lost to MLflow. Make that folder writable, or use another store "
+                               "(`--set tracking.mlflow_uri=...`) or experiment (`--set tracking.experiment=...`)"
+                               ) from None
+    if cfg.tracking.log_model == "none":
+        return
+    from mlflow.tracking import MlflowClient
+
+    registry = cfg.tracking.registry_uri or os.environ.get("MLFLOW_REGISTRY_URI") or uri
+    reg = MlflowClient(tracking_uri=uri, registry_uri=registry)
+    name = registered_name(cfg)
+    try:
+        with _FastFail():
+            check_registered_name(reg, name, experiment_name(cfg))
+    except PublishError:
+        raise
+    except Exception as exc:
+        raise PublishError(f"the MLflow model registry {redact(registry)} does not answer ({type(exc).__name__}: "
+                           f"{' '.join(str(exc).split())[:200]}). Start it, point tracking.registry_uri (or "
+                           "MLFLOW_REGISTRY_URI) at one that answers, or set tracking.log_model: none") from None
