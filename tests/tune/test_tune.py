@@ -134,6 +134,7 @@ def test_search_seeds_failures_final_phase_and_mlflow(ray_cluster, tmp_path):
     cos = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
     assert cos.min() > 1 - 1e-5
     assert summary["published"]["model"]["megabytes"] > 1
+    assert not (REPO / "mlflow.db").exists()  # nothing went to MLflow's default store in the current folder
 
 
 RESUME_SEARCH = """\
