@@ -113,8 +113,8 @@ def search_result(summary: dict) -> SearchResult:
     published = summary.get("published") or {}
     import pandas as pd
 
-    table = (search_table(exp, run, cid, (summary.get("vs_paper") or {}).get("paper")).numbers() if finals
-             else pd.DataFrame())
+    table = (search_table(exp, run, cid, (summary.get("vs_paper") or {}).get("paper"),
+                          summary.get("warm_source") or "paper").numbers() if finals else pd.DataFrame())
     return SearchResult(
         experiment=summary["experiment"], search=run, best_hp=dict(best.get("hp") or {}), table=table,
         records=typed, mlflow_run_id=published.get("parent_run_id") or _parent(exp),

@@ -3,8 +3,9 @@
 A search that cannot work should say so once, before Ray starts a trial, not in every trial's traceback:
 the model resolves and its config, tokenizer and weights file are there; every data spec a run reads
 loads, with its row count; the largest batch the run (or its search space) asks for fits the training
-data; the resources one trial asks for exist on this machine or in the Ray cluster. Every problem found is
-listed in one :class:`PreflightError` (exit status 2).
+data; the resources one trial asks for exist on this machine or in the Ray cluster; a Ray address answers;
+the MLflow store can be written or answers. Every problem found is listed in one :class:`PreflightError`
+(exit status 2).
 """
 
 from __future__ import annotations
@@ -154,9 +155,68 @@ def check_writable(path: str | Path, field: str) -> str:
     return str(p)
 
 
-def preflight(cfg: ExperimentConfig, resources: bool = True, output_dir: bool = False) -> dict[str, Any]:
-    """Run every check (``output_dir``: also that train.output_dir can be written, for `raysent train`); one
-    :class:`PreflightError` listing every problem, else what was found."""
+def check_address(cfg: ExperimentConfig) -> str:
+    """The Ray cluster a run joins answers on its address (one TCP connect, 3 s): a wrong address is one line in
+    seconds, not a wait of minutes inside ``ray.init``. ``auto`` and no address are not checked here."""
+    import socket
+    from urllib.parse import urlparse
+
+    address = cfg.resources.address or os.environ.get("RAY_ADDRESS")
+    if not address or address in ("auto", "local"):
+        return address or "a local Ray, started by the run"
+    field = "resources.address" if cfg.resources.address else "RAY_ADDRESS"
+    parsed = urlparse(address if "://" in address else f"gcs://{address}")
+    if not parsed.hostname or not parsed.port:
+        raise PreflightError(f"{field} {address!r}: expected HOST:PORT (the head's GCS port, 6379 by default), "
+                             "ray://HOST:10001, or auto")
+    try:
+        with socket.create_connection((parsed.hostname, parsed.port), timeout=3):
+            pass
+    except OSError as exc:
+        raise PreflightError(f"{field} {address!r}: no Ray answers there ({exc.strerror or exc}). Start the "
+                             f"cluster (`ray start --head`, `ray up clusters/gpu.yaml`), fix the address, or leave "
+                             f"it out to start a local Ray") from None
+    return address
+
+
+def check_mlflow_store(cfg: ExperimentConfig) -> str:
+    """The MLflow tracking store can be written (a local sqlite file or folder) or answers (a server: one try,
+    5 s), before Ray starts: MLflow itself retries a read-only store or a server that is down for minutes."""
+    from raysent.tracking import redact, tracking_uri
+
+    if not cfg.tracking.enabled:
+        return "off"
+    uri = tracking_uri(cfg)
+    field = "tracking.mlflow_uri" if cfg.tracking.mlflow_uri else ("MLFLOW_TRACKING_URI" if os.environ.get(
+        "MLFLOW_TRACKING_URI") else "tracking.results_dir")
+    if uri.startswith("sqlite:///") or uri.startswith("file:") or "://" not in uri:
+        path = Path(uri.removeprefix("sqlite:///").removeprefix("file://").removeprefix("file:"))
+        folder = path.parent if uri.startswith("sqlite:") else path
+        check_writable(folder, field)
+        if path.is_file() and not os.access(path, os.W_OK):
+            raise PreflightError(f"{field}: the MLflow store {path} cannot be written (read-only). Point "
+                                 f"{field} at a writable store (--set tracking.mlflow_uri=... or "
+                                 "--set tracking.results_dir=PATH)")
+        return redact(uri)
+    if uri.startswith(("http://", "https://")):
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=5):
+                pass
+        except OSError as exc:
+            reason = getattr(exc, "reason", None) or exc
+            raise PreflightError(f"{field}: the MLflow tracking server {redact(uri)} does not answer ({reason}). "
+                                 "Start it, fix the URI, or turn tracking off (--set tracking.enabled=false)"
+                                 ) from None
+    return redact(uri)
+
+
+def preflight(cfg: ExperimentConfig, resources: bool = True, output_dir: bool = False,
+              mlflow: bool = False) -> dict[str, Any]:
+    """Run every check (``output_dir``: also that train.output_dir can be written, for `raysent train`;
+    ``mlflow``: that the tracking store can be written, for `raysent tune`); one :class:`PreflightError`
+    listing every problem, else what was found."""
     from raysent.models.encoder import check_model
 
     found: dict[str, Any] = {}
@@ -168,7 +228,8 @@ def preflight(cfg: ExperimentConfig, resources: bool = True, output_dir: bool = 
         except RaysentError as exc:
             problems.append(str(exc))
     checks = {"results": lambda c: check_writable(c.tracking.results_dir, "tracking.results_dir"),
-              "data": check_data, "resources": check_resources if resources else None}
+              "data": check_data, "ray": check_address, "resources": check_resources if resources else None,
+              "mlflow": check_mlflow_store if mlflow else None}
     if output_dir:
         checks["output"] = lambda c: check_writable(c.output_dir(), "train.output_dir")
     for what, check in checks.items():

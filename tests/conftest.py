@@ -68,14 +68,15 @@ def raw_encoder():
     return Encoder.load(RAW_BERT)
 
 
-def run_cli(*args: str, check: bool = True, env: dict | None = None, one_stream: bool = False):
+def run_cli(*args: str, check: bool = True, env: dict | None = None, one_stream: bool = False,
+            timeout: float | None = None):
     """Run the installed `raysent` command in a subprocess; returns CompletedProcess (``one_stream``: stderr
-    into stdout, in the order a terminal shows them)."""
+    into stdout, in the order a terminal shows them; ``timeout``: seconds after which a hang fails the test)."""
     import subprocess
 
     streams = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT} if one_stream else {"capture_output": True}
     proc = subprocess.run([sys.executable, "-m", "raysent.cli", *args], text=True, **streams,
-                          env={**os.environ, **(env or {})}, cwd=REPO)
+                          env={**os.environ, **(env or {})}, cwd=REPO, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"raysent {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc

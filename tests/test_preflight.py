@@ -169,3 +169,52 @@ def test_a_search_whose_first_trials_fail_alike_stops_with_that_error(ray_cluste
     assert [r.info.status for r in parent] == ["FAILED"]
     assert 2 <= len(trials) < 6 and {r.info.status for r in trials} == {"FAILED"}
     assert all("the loss became nan" in r.data.tags["error"] for r in trials)
+
+
+def unshare_works() -> bool:
+    import subprocess
+
+    if shutil.which("unshare") is None:
+        return False
+    return subprocess.run(["unshare", "--mount", "sh", "-c", "mount -t tmpfs -o ro tmpfs /mnt"],
+                          capture_output=True).returncode == 0
+
+
+def one_line_before_ray(proc) -> str:
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and "Started a local Ray" not in proc.stderr, proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("raysent: error: checked before any training: "), proc.stderr
+    return lines[0]
+
+
+@pytest.mark.slow  # CLI subprocesses (~8 s each)
+@pytest.mark.shared
+def test_an_absent_ray_too_many_cpus_and_a_read_only_mlflow_store_are_one_line_before_ray(tmp_path):
+    results = tmp_path / "results"
+    where = ["--set", f"tracking.results_dir={results}"]
+    # no Ray listens on 127.0.0.1:1: refused at once (Ray's own client waited 300 s and more)
+    line = one_line_before_ray(run_cli("tune", QUICK, *where, "--address", "127.0.0.1:1", check=False, timeout=120))
+    assert "resources.address '127.0.0.1:1': no Ray answers there" in line and "ray start --head" in line
+    # a trial asking for more than this machine has, before Ray starts and with nothing written
+    line = one_line_before_ray(run_cli("tune", QUICK, *where, "--set", "resources.cpus_per_worker=64",
+                                       "--set", "resources.gpus_per_worker=4", check=False, timeout=120))
+    assert "CPU 64 (resources.cpus_per_worker), this machine has" in line and "GPU 4" in line
+    assert not results.exists()
+    if not unshare_works():
+        pytest.skip("`unshare --mount` is not allowed here: the read-only store case needs a read-only mount")
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    (ro / "mlflow.db").write_text("")
+    cmd = (f"mount -t tmpfs -o ro tmpfs '{ro}' && exec '{sys.executable}' -m raysent.cli tune {QUICK} "
+           f"--set tracking.results_dir={results} --set tracking.mlflow_uri=sqlite:///{ro}/mlflow.db")
+    proc = subprocess.run(["unshare", "--mount", "sh", "-c", cmd], capture_output=True, text=True, cwd=REPO,
+                          timeout=120)
+    line = one_line_before_ray(proc)
+    assert f"tracking.mlflow_uri: {ro} cannot be written" in line and "Read-only file system" in line
+    assert not results.exists()

@@ -57,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from raysent.orphans import stop_orphaned_local_ray
+
+    stop_orphaned_local_ray(say=lambda m: print(m, file=sys.stderr))  # a local Ray left by a killed raysent
     try:
         return args.func(args)
     except Interrupted as exc:

@@ -55,7 +55,7 @@ def run(args) -> int:
         p = {**plan(cfg, final_only=args.final_only),
              "estimate": rough_estimate(cfg, searched=not args.final_only and cfg.search is not None)}
         try:  # the same checks as a real run makes before its first trial
-            p["checked"] = preflight(cfg)
+            p["checked"] = preflight(cfg, mlflow=True)
         except RaysentError:
             p["checked"] = "FAILED: the run would stop here (the error below)"
             raise  # exit 2, after the plan

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from raysent.errors import RaysentError, did_you_mean
-from raysent.train.records import PHASES, read_record
+from raysent.train.records import PHASES, check_records, read_record
 
 TASKS = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")  # the papers' column order
 TASK_LABELS = {"sts12": "STS12", "sts13": "STS13", "sts14": "STS14", "sts15": "STS15", "sts16": "STS16",
@@ -225,6 +225,9 @@ def load_experiment(name: str, results_dir: str | Path, phase: str | None = None
         have = experiments(root)
         raise RaysentError(f"experiment {name!r}: no folder {folder}{did_you_mean(name, have)}; experiments with run "
                            f"files under {root}: {', '.join(have) or 'none'}")
+    check_records(folder.parent, "Delete each broken file and run `raysent tune FILE --resume` with the experiment's "
+                                 "file: a finished run's record is written again from the result Tune kept for it "
+                                 "(nothing is trained again)")
     runs = [read_run(p) for p in sorted(folder.glob("*.json"))]
     if not runs:
         raise RaysentError(f"experiment {name!r}: {folder} holds no run files (*.json)")

@@ -278,9 +278,13 @@ def init_ray(cfg: ExperimentConfig, log_to_driver: bool = True, **local) -> None
     if address:
         ray.init(address=address, log_to_driver=log_to_driver)
     else:
+        from raysent.orphans import note_local_ray, stop_orphaned_local_ray
+
+        stop_orphaned_local_ray(say=lambda m: print(m, file=sys.stderr, flush=True))
         for key, value in LOCAL_RAY_ENV.items():
             os.environ.setdefault(key, value)
-        ray.init(dashboard_host="127.0.0.1", log_to_driver=log_to_driver, **local)
+        context = ray.init(dashboard_host="127.0.0.1", log_to_driver=log_to_driver, **local)
+        note_local_ray(context.address_info["session_dir"])  # stopped by the next raysent if this one is killed
 
 
 def run_location(cfg: ExperimentConfig) -> tuple[str, str]:

@@ -195,3 +195,25 @@ def read_record(path: str | Path) -> RunRecord:
     except json.JSONDecodeError as exc:
         raise RaysentError(f"{path}: not a valid run file (JSON error at line {exc.lineno}: {exc.msg})") from None
     return validate_record(data, str(path))
+
+
+RECORD_FOLDERS = ("runs", "stopped")  # under results/<experiment>/: finished runs, runs a scheduler stopped
+
+
+def check_records(exp_dir: str | Path, fix: str) -> int:
+    """Read every run record of an experiment folder before anything uses them; one :class:`RaysentError`
+    naming each broken file (``fix``: what to do about one) instead of a failure after a search trained on.
+    Returns how many records were read."""
+    exp_dir = Path(exp_dir)
+    broken, n = [], 0
+    for folder in RECORD_FOLDERS:
+        for path in sorted((exp_dir / folder).glob("*.json")):
+            n += 1
+            try:
+                read_record(path)
+            except RaysentError as exc:
+                broken.append(str(exc))
+    if broken:
+        raise RaysentError(f"{len(broken)} of the {n} run records of {exp_dir} cannot be read:\n  - "
+                           + "\n  - ".join(broken) + f"\n{fix}")
+    return n

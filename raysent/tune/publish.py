@@ -62,7 +62,11 @@ def final_records(exp: Path, run: str, cid: str) -> list[dict]:
             for p in sorted((exp / "runs").glob(f"final-{run}-{cid}-seed*.json"))]
 
 
-def search_table(exp: Path, run: str, best_cid: str | None = None, paper_cid: str | None = None):
+ARM_LABELS = {"paper": "paper's setting", "file": "the file's setting"}  # the warm-start arm, by its values' source
+
+
+def search_table(exp: Path, run: str, best_cid: str | None = None, paper_cid: str | None = None,
+                 source: str = "paper"):
     """The mean ± std table of the search's final runs (:func:`raysent.report.table.build_table`)."""
     from raysent.report.runs import load_experiment
     from raysent.report.table import build_table
@@ -75,7 +79,7 @@ def search_table(exp: Path, run: str, best_cid: str | None = None, paper_cid: st
             if cid == best_cid:
                 row.label += " — searched best"
             elif cid == paper_cid:
-                row.label += " — paper's setting (search.warm_start)"
+                row.label += f" — {ARM_LABELS[source]} (search.warm_start)"
     return table
 
 
@@ -86,18 +90,20 @@ def results_markdown(table, state: dict) -> str:
     if avg.get("diff_mean") is not None:
         p = " ".join(f"{name} p {v:.3g}" for name, v in (("paired t-test", avg.get("t_p")),
                                                           ("Wilcoxon", avg.get("wilcoxon_p"))) if v is not None)
-        lines += ["", f"Searched − paper's setting, Avg: {avg['diff_mean']:+.2f}"
+        lines += ["", f"Searched − {ARM_LABELS[state.get('warm_source') or 'paper']}, Avg: {avg['diff_mean']:+.2f}"
                   + (f" ± {avg['diff_std']:.2f}" if avg.get("diff_std") is not None else "")
                   + f" over {avg['n']} paired seeds" + (f"; {p}" if p else "") + "."]
     return "\n".join(lines)
 
 
 def outcome_metrics(state: dict) -> dict[str, float]:
-    """The parent run's metrics: ``sts/<set>_mean|_std`` of the winner, ``paper/…`` of the paper arm,
+    """The parent run's metrics: ``sts/<set>_mean|_std`` of the winner, ``paper/…`` of the warm-start arm
+    (``file/…`` when the file set its values: :func:`raysent.tune.space.warm_source`),
     ``delta/sts/<set>`` (± ``_std``), ``p_ttest/…`` and ``p_wilcoxon/…`` of their paired difference, and the
     winner's ``best_dev_spearman_mean|_std`` over the search's seeds."""
     out: dict[str, float] = {}
-    for prefix, arm in (("", state.get("final")), ("paper/", state.get("paper"))):
+    warm = f"{state.get('warm_source') or 'paper'}/"
+    for prefix, arm in (("", state.get("final")), (warm, state.get("paper"))):
         for k, v in ((arm or {}).get("scores") or {}).items():
             out[f"{prefix}{k}_mean"] = v["mean"]
             out[f"{prefix}{k}_std"] = v["std"]
@@ -140,7 +146,7 @@ def publish(cfg: ExperimentConfig, exp: Path, state: dict, mlflow: dict | None, 
     if not recs:
         return out
     out["best_model_dir"] = best_final(recs).get("best_model_dir")
-    table = search_table(exp, run, cid, (state.get("vs_paper") or {}).get("paper"))
+    table = search_table(exp, run, cid, (state.get("vs_paper") or {}).get("paper"), state.get("warm_source") or "paper")
     out["files"] = [str(p.relative_to(exp)) for p in table.write(exp / "summary")]
     plots, _ = plot_experiment(exp.name, exp.parent, search=run)
     section = results_markdown(table, state)

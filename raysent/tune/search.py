@@ -44,7 +44,7 @@ from raysent.errors import Interrupted, RaysentError
 from raysent.io import write_json_atomic
 from raysent.train.records import RunRecord, TrainSummary, learned, read_record, validate_record
 from raysent.train.run import train_in_process, train_stages
-from raysent.tune.space import config_id, encode, grid, paper_point, suggest
+from raysent.tune.space import config_id, encode, grid, paper_point, suggest, warm_source
 from raysent.tune.trial import (
     RECORD_KEY,
     STOPPED_DIR,
@@ -55,6 +55,7 @@ from raysent.tune.trial import (
     build_record,
     drop_checkpoints,
     open_live_run,
+    quiet_exit,
     record_path,
     resolve_trial,
     save_record,
@@ -96,6 +97,7 @@ def run_trial(config: dict, ctx: TrialContext) -> None:
     from raysent.train.memory import release_freed_memory
 
     release_freed_memory()  # this process may have run the trial before (reuse_trial_processes)
+    sys.unraisablehook = quiet_exit
     for key, value in ctx.env.items():
         if key not in os.environ or os.path.exists(value):
             os.environ[key] = value
@@ -159,19 +161,50 @@ def train_and_record(cfg: ExperimentConfig, ctx: TrialContext, hp: dict, seed: i
 
 def _sync_records(results, exp: Path) -> int:
     """Write the run records carried by the trials' results that are not on this machine's disk yet."""
+    return write_sent_records([r.metrics or {} for r in results], exp)
+
+
+def write_sent_records(last_results: list[dict], exp: Path) -> int:
+    """Write the run records that trials sent in their last result (``RECORD_KEY``) and that are not on this
+    machine's disk: those of trials on other nodes, and any record deleted since (a broken one)."""
     written = 0
-    for r in results:
-        text = (r.metrics or {}).get(RECORD_KEY)
+    for metrics in last_results:
+        text = metrics.get(RECORD_KEY)
         if not text:
             continue
         sent = json.loads(text)  # one record, or a list: the seeds of a trial that trains them all
         for data in sent if isinstance(sent, list) else [sent]:
-            rec = validate_record(data, f"the record trial {r.metrics.get('trial_id')} sent")
+            rec = validate_record(data, f"the record trial {metrics.get('trial_id')} sent")
             path = exp / "runs" / f"{rec.phase}-{rec.search}-{rec.config_id}-seed{rec.seed}.json"
             if not path.is_file():
                 write_json_atomic(path, rec.to_json())
                 written += 1
     return written
+
+
+def restore_records(cfg: ExperimentConfig, exp: Path, run: str) -> int:
+    """``--resume``: the records of the search's trials that Tune holds a finished result of and that are
+    missing from runs/ (deleted because they were broken) are written again; nothing is trained for them."""
+    from ray.tune import ExperimentAnalysis
+
+    storage = tune_storage(cfg, exp).rstrip("/")
+    written = 0
+    for name in (f"search-{run}", f"final-{run}", f"final-paper-{run}"):
+        path = f"{storage}/{name}"
+        if "://" not in path and not Path(path).is_dir():
+            continue
+        try:
+            trials = ExperimentAnalysis(path).trials
+        except Exception:  # no experiment state (yet): nothing to restore from
+            continue
+        written += write_sent_records([t.last_result or {} for t in trials], exp)
+    return written
+
+
+BROKEN_RECORD_FIX = ("Delete each broken file and run `raysent tune {source} --resume` again: a finished run's record "
+                     "is written again from the result Tune kept for its trial (nothing is trained again); a run "
+                     "Tune kept no result of is trained again, alone. (A broken record in stopped/ is the curve "
+                     "of a trial the scheduler stopped; its MLflow run, KILLED, keeps that curve.)")
 
 
 def train_trial(cfg: ExperimentConfig, live=None) -> TrainSummary:
@@ -342,18 +375,27 @@ def tune_experiment(cfg: ExperimentConfig, resume: bool = False, final_only: boo
         raise RaysentError(f"--resume: no search to resume in {exp} (no {STATE_FILE}); run without --resume")
     from raysent.preflight import check_resources, preflight
 
+    if resume:
+        from raysent.train.records import check_records
+
+        check_records(exp, BROKEN_RECORD_FIX.format(source=source))  # every record read before anything runs
     trains = state.get("phase") not in ("publish", "done")  # a resumed search may have only its outcome to log
-    preflight(cfg, resources=False)  # model, data, batch, results folder: before Ray starts (exit 2)
-    exp.mkdir(parents=True, exist_ok=True)
+    remote = bool(cfg.resources.address or os.environ.get("RAY_ADDRESS"))
+    # model, data, batch, results folder, MLflow store, Ray address, and (a local Ray) resources: before Ray
+    # starts and before anything is written (exit 2)
+    preflight(cfg, resources=not remote, mlflow=True)
     uri = tracking_uri(cfg)
     exp_id = ensure_experiment(cfg)
     if exp_id is not None:
         from raysent.tune.publish import check_publishing
 
         check_publishing(cfg, exp_id)  # the artifact store and the model registry: before Ray starts (exit 2)
+    exp.mkdir(parents=True, exist_ok=True)
     if trains:
         init_ray(cfg)
         check_resources(cfg)  # against the Ray this search runs on
+    if resume and (restored := restore_records(cfg, exp, state["run"])):
+        say(f"--resume: {restored} run record(s) written again from the results Tune kept")
     if not state:
         state = {"run": datetime.now().strftime("%Y%m%d-%H%M%S"), "phase": "final" if final_only else "search",
                  "config": cfg.to_dict(), "source": source}
@@ -382,6 +424,7 @@ def tune_experiment(cfg: ExperimentConfig, resume: bool = False, final_only: boo
             _save_state(exp, state)
         if state["phase"] == "paper":  # search.warm_start: the paper's setting on the same seeds, to compare
             paper = warm_point(cfg) or {}
+            state["warm_source"] = warm_source(cfg)  # "paper", or "file" when the file set its own values
             state["paper"] = run_final(cfg, exp, state, {"hp": paper, "config_id": config_id(paper)}, mlflow, resume,
                                        say, arm="paper")
             state.update(phase="publish", vs_paper=versus_paper(exp, state["run"], config_id(paper),
@@ -397,6 +440,7 @@ def tune_experiment(cfg: ExperimentConfig, resume: bool = False, final_only: boo
             end_runs_of(uri, exp_id, state["parent_run_id"], status)
     summary = {"experiment": exp.name, "results": str(exp), "search": state["run"], "best": state.get("best"),
                "final": state.get("final"), "paper": state.get("paper"), "vs_paper": state.get("vs_paper"),
+               "warm_source": state.get("warm_source"),
                "mlflow": redact(uri) if mlflow else None, "wall_seconds": time.time() - started}
     if mlflow:
         summary["mlflow_runs_url"] = runs_view_url(mlflow["experiment_id"])
@@ -629,7 +673,8 @@ def run_final(cfg: ExperimentConfig, exp: Path, state: dict, best: dict, mlflow:
                        hp=best["hp"], arm=arm)
     trainable = _trainable(cfg, ctx)
     storage, name = tune_storage(cfg, exp), f"final-{arm + '-' if arm else ''}{run}"
-    say(f"final phase{' (' + arm + ' arm)' if arm else ''}: {best['hp'] or 'the configuration as given'} "
+    arm_name = {"paper": "the paper's setting", "file": "the file's setting"}[warm_source(cfg)] if arm else ""
+    say(f"final phase{' (' + arm_name + ')' if arm else ''}: {best['hp'] or 'the configuration as given'} "
         f"on seeds {cfg.seeds}")
     param_space = {"seed": tune.grid_search(list(cfg.seeds))}
     concurrent = cfg.search.max_concurrent_trials if cfg.search else 1
@@ -661,6 +706,7 @@ def run_final(cfg: ExperimentConfig, exp: Path, state: dict, best: dict, mlflow:
     return {"seeds": [r["seed"] for r in recs], "missing_seeds": sorted(set(cfg.seeds) - {r["seed"] for r in recs}),
             "scores": scores, "errors": errors,
             "not_learned_seeds": sorted(r["seed"] for r in recs if learned(r["method"], r.get("best_step")) is False),
+            "diverged_seeds": sorted(r["seed"] for r in recs if r.get("diverged")),
             "transductive": any(bool(r.get("transductive")) for r in recs)}
 
 
@@ -705,9 +751,15 @@ def format_summary(summary: dict) -> str:
 
         paper = summary.get("paper") or {}
         vs = summary.get("vs_paper") or {}
-        arms = [("Spearman", final["scores"], "")]
+        other = summary.get("warm_source") or "paper"  # the warm-start arm, named for where its values come from
+
+        def marked(label: str, arm: dict) -> str:  # a diverged run's numbers are not a trained model's: said there
+            n = len(arm.get("diverged_seeds") or [])
+            return f"{label} [DIVERGED {n}/{len(arm['seeds'])}]" if n else label
+
+        arms = [(marked("Spearman", final), final["scores"], "")]
         if paper.get("scores"):
-            arms = [("searched", final["scores"], ""), ("paper", paper["scores"], "")]
+            arms = [(marked("searched", final), final["scores"], ""), (marked(other, paper), paper["scores"], "")]
         rows = {label: row for label, scores, kind in arms if (row := paper_row(scores, kind))}
         if vs.get("tasks") and rows:
             rows["Δ"] = [f"{d['diff_mean']:+.2f}" if (d := vs["tasks"].get(c)) and d.get("diff_mean") is not None
@@ -717,15 +769,16 @@ def format_summary(summary: dict) -> str:
         if rows:
             heads = [*(TASK_LABELS[t] for t in TASKS), "Avg"]
             width = [max(len(h), *(len(r[i]) for r in rows.values())) for i, h in enumerate(heads)]
-            lines.append(f"  {'':8s}  " + "  ".join(h.rjust(w) for h, w in zip(heads, width)))
-            lines += [f"  {label:8s}  " + "  ".join(v.rjust(w) for v, w in zip(row, width))
+            lw = max(8, *(len(label) for label in rows))
+            lines.append(f"  {'':{lw}s}  " + "  ".join(h.rjust(w) for h, w in zip(heads, width)))
+            lines += [f"  {label:{lw}s}  " + "  ".join(v.rjust(w) for v, w in zip(row, width))
                       for label, row in rows.items()]
         shown = {f"sts/{t}{kind}" for t in (*TASKS, "avg") for kind in ("", "/pearson")} if rows else set()
         avg = (vs.get("tasks") or {}).get("avg")
         if avg and avg.get("diff_mean") is not None:
             p_t = "—" if avg.get("t_p") is None else f"{avg['t_p']:.3g}"
             p_w = "—" if avg.get("wilcoxon_p") is None else f"{avg['wilcoxon_p']:.3g}"
-            lines.append(f"  searched − paper ({vs['searched']} − {vs['paper']}), Avg: {avg['diff_mean']:+.2f}"
+            lines.append(f"  searched − {other} ({vs['searched']} − {vs['paper']}), Avg: {avg['diff_mean']:+.2f}"
                          + (f" ± {avg['diff_std']:.2f}" if avg.get("diff_std") is not None else "")
                          + f" over {avg['n']} paired seeds; paired t-test p {p_t}, Wilcoxon p {p_w}")
         for k, v in final["scores"].items():
@@ -735,6 +788,9 @@ def format_summary(summary: dict) -> str:
         if flat:
             lines.append(f"NO LEARNING on seed(s) {flat}: the best checkpoint is step 0, the untouched input model; "
                          f"those scores are the input model's, not the method's")
+        if final.get("diverged_seeds"):
+            lines.append(f"DIVERGED on seed(s) {final['diverged_seeds']}: the last dev score is NaN or more than 10 "
+                         "points below the start; the lr (or temperature) is too high for this model")
     published = summary.get("published") or {}
     lines.append(f"results: {summary['results']} (runs/, best.yaml, summary.json"
                  + (", summary.md, summary.csv" if published.get("files") else "") + ")")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from typing import Any
 
 from raysent.config import ExperimentConfig, SpaceEntry, hyperparameters
@@ -107,6 +108,43 @@ def _own_value(cfg: ExperimentConfig, name: str) -> Any:
     for part in name.split("."):
         node = node.get(part) if isinstance(node, dict) else None
     return node
+
+
+def _paper_value(cfg: ExperimentConfig, name: str) -> Any:
+    """The method's paper default of a searched entry (what the value would be had the file not set it)."""
+    from raysent.config import ModelConfig, TrainConfig
+    from raysent.methods import get_method
+
+    method = get_method(cfg.method)
+    defaults = method.defaults(cfg.method_params)
+    params = type(cfg.method_params).model_fields
+    section, _, field = name.rpartition(".")
+    if section in ("", "params") and field in params:
+        return params[field].default
+    if section in ("", "model") and field == "dropout":
+        return defaults["model"].get("dropout", ModelConfig.model_fields["dropout"].default)
+    if section in ("", "train") and field in TrainConfig.model_fields:
+        return defaults["train"].get(field, TrainConfig.model_fields[field].default)
+    return defaults.get(section, {}).get(field)
+
+
+def warm_source(cfg: ExperimentConfig) -> str:
+    """Where the warm-start configuration's values come from: ``paper`` when each is the method's paper default,
+    ``file`` when the experiment file set one to something else (the README's main job sets lr 1e-4, where
+    SimCSE's is 3e-5): the arm is named for that, in the summary, the table and MLflow."""
+    from raysent.methods import get_method
+
+    variants = get_method(cfg.method).variants  # each variant is one of the paper's settings (eq6/eq7/eq8, ...)
+    point, _ = paper_point(cfg)
+    for name, value in (point or {}).items():
+        if name.rpartition(".")[2] in variants:
+            continue
+        paper = _paper_value(cfg, name)
+        same = (math.isclose(float(value), float(paper), rel_tol=1e-9)
+                if isinstance(value, (int, float)) and isinstance(paper, (int, float)) else value == paper)
+        if not same:
+            return "file"
+    return "paper"
 
 
 def paper_point(cfg: ExperimentConfig) -> tuple[dict | None, str]:

@@ -5,6 +5,7 @@ resolves to, the record it leaves and the checkpoints it drops. Shared by the tr
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any, Literal
 
@@ -62,6 +63,16 @@ class TuneHooks(TrainHooks):
         if TuneHooks.live is not None and "step" in metrics:
             TuneHooks.live.log(metrics, metrics["step"])
         tune.report({k: v for k, v in metrics.items() if isinstance(v, (int, float, bool))})
+
+
+def quiet_exit(unraisable) -> None:
+    """``sys.unraisablehook`` of a trial's process. Ray ends a trial process with SIGTERM, and its handler raises
+    SystemExit wherever the process is; inside a garbage-collection callback Python cannot raise it and prints
+    "Exception ignored … SystemExit: 1" (seen at the end of the README's main job). The process is ending as
+    Ray asked: that is said nowhere; any other exception is printed as Python prints it."""
+    if isinstance(unraisable.exc_value, SystemExit):
+        return
+    sys.__unraisablehook__(unraisable)
 
 
 def search_seed(cfg: ExperimentConfig, index: int) -> int:

@@ -345,7 +345,10 @@ def test_warm_start_tries_the_papers_setting_first_and_compares_the_best_with_it
     assert vs["tasks"]["stsb"]["diff_mean"] == pytest.approx(again["stsb"]["diff_mean"])
     assert summary["paper"]["scores"]["sts/stsb"]["n"] == 2
     text = format_summary(summary)
-    assert "  searched " in text and "  paper " in text and "  Δ " in text
+    # the file's lr 1e-4 is not SimCSE's 3e-5: that arm is named for where its value comes from, the file
+    assert summary["warm_source"] == "file"
+    assert "  searched " in text and "  file " in text and "  paper " not in text and "  Δ " in text
+    assert "searched − file (" in text
 
     # the outcome where researchers work: the search's parent run carries the table, plots and best.yaml, the
     # outcome as metrics (winner, paper arm, their paired Δ and p, best dev) and the winner's hyperparameters
@@ -364,7 +367,7 @@ def test_warm_start_tries_the_papers_setting_first_and_compares_the_best_with_it
     for key in ("sts/stsb", "sts/sickr"):
         assert m[f"{key}_mean"] == pytest.approx(summary["final"]["scores"][key]["mean"])
         assert m[f"{key}_std"] == pytest.approx(summary["final"]["scores"][key]["std"])
-        assert m[f"paper/{key}_mean"] == pytest.approx(summary["paper"]["scores"][key]["mean"])
+        assert m[f"file/{key}_mean"] == pytest.approx(summary["paper"]["scores"][key]["mean"])
         d = vs["tasks"][key.split("/")[1]]
         assert m[f"delta/{key}"] == pytest.approx(d["diff_mean"]) and m[f"p_ttest/{key}"] == pytest.approx(d["t_p"])
         assert m[f"p_wilcoxon/{key}"] == pytest.approx(d["wilcoxon_p"])
@@ -374,7 +377,7 @@ def test_warm_start_tries_the_papers_setting_first_and_compares_the_best_with_it
     names = {r.info.run_name for r in client.search_runs([exp_id], max_results=100)}
     assert {"search: lr=1e-09", "search: lr=0.0003", "final: lr=1e-09", "final: lr=0.0001"} <= names
     table = (exp / "summary.md").read_text()
-    assert "— searched best" in table and "— paper's setting" in table and "[paper] SimCSE" in table
+    assert "— searched best" in table and "— the file's setting" in table and "[paper] SimCSE" in table
 
     # the final best model (best dev of the winner's final runs) is logged with the sentence_transformers
     # flavour and registered as version 1 of "warm", described by the table and tagged with the outcome

@@ -1,0 +1,48 @@
+"""A trial's process ends quietly when Ray ends it: Ray's SIGTERM handler raises SystemExit wherever the process
+is, and inside a garbage-collection callback Python prints "Exception ignored … SystemExit: 1" (the README's main
+job printed it). raysent.tune.trial.quiet_exit, the trial's unraisable hook, drops exactly that."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+SCRIPT = """
+import gc, sys, weakref
+{hook}
+class Thing:
+    pass
+def callback(_):
+    raise {error}
+thing = Thing()
+ref = weakref.ref(thing, callback)
+del thing
+gc.collect()
+"""
+
+
+def run(hook: str, error: str) -> str:
+    code = SCRIPT.format(hook=hook, error=error)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stderr
+
+
+def test_a_system_exit_in_a_callback_is_silent_and_other_errors_are_not():
+    hook = "from raysent.tune.trial import quiet_exit; sys.unraisablehook = quiet_exit"
+    assert "Exception ignored" in run("", "SystemExit(1)")  # what Python does by itself
+    assert run(hook, "SystemExit(1)") == ""
+    said = run(hook, "ValueError('a real bug')")
+    assert "Exception ignored" in said and "ValueError: a real bug" in said
+
+
+def test_the_summary_says_diverged_where_it_prints_the_numbers():
+    from raysent.tune.search import format_summary
+
+    scores = {f"sts/{t}": {"mean": 10.0, "std": 1.0, "n": 2}
+              for t in ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr", "avg")}
+    arm = {"seeds": [1, 2], "missing_seeds": [], "scores": scores, "not_learned_seeds": [], "diverged_seeds": [2]}
+    text = format_summary({"experiment": "x", "search": "s", "results": "/r", "final": arm,
+                           "paper": {**arm, "diverged_seeds": []}, "warm_source": "paper"})
+    row = next(line for line in text.splitlines() if line.lstrip().startswith("searched"))
+    assert "searched [DIVERGED 1/2]" in row and "10.00±1.00" in row
+    assert "DIVERGED on seed(s) [2]" in text
+    assert next(line for line in text.splitlines() if line.lstrip().startswith("paper ")).count("10.00±1.00") == 8  # 7 sets and Avg
