@@ -312,6 +312,11 @@ class TrackingConfig(Strict):
                                          "the MLflow experiment's name); each search adds a version")
     registry_uri: str | None = Field(None, description="MLflow model registry (default MLFLOW_REGISTRY_URI, else the "
                                      "tracking store)")
+    server: Literal["auto", "always", "never"] = Field(
+        "auto", description="serve a local store to the trials with `mlflow server` on the driver for the time of a "
+        "search: auto (when the Ray cluster has more than one node), always (e.g. an autoscaling cluster that "
+        "starts with its head alone), never")
+    server_port: int | None = Field(None, gt=0, lt=65536, description="that server's port (default: a free one)")
 
 
 class ExperimentConfig(Strict):

@@ -193,7 +193,7 @@ class LiveRun:
             warnings.warn(f"MLflow ({redact(self.uri)}): metrics at step {step} not logged: {exc}", stacklevel=2)
 
     def finish(self, cfg: ExperimentConfig, record: dict, status: str = "FINISHED", tags: dict | None = None,
-               curve: bool = False) -> str | None:
+               curve: bool = False, artifacts: bool = True) -> str | None:
         """End the run with the record: its scores and summary numbers, its outcome tags, config.yaml and the
         record as result.json (``curve``: also log the dev curve, for a run that was not live)."""
         if self.run_id is None:
@@ -214,8 +214,8 @@ class LiveRun:
                         if isinstance(record.get(k), (int, float))]
             c.log_batch(self.run_id, metrics=metrics,
                         tags=[RunTag(k, v) for k, v in run_tags(cfg, record, tags).items()])
-            c.log_text(self.run_id, cfg.to_yaml(), "config.yaml")
-            c.log_dict(self.run_id, record, "result.json")
+            if artifacts:  # else the driver logs them (a trial on another node: the artifact folder is not there)
+                log_record_artifacts(self.uri, self.run_id, cfg.to_yaml(), record)
             c.set_terminated(self.run_id, status=status)
             return self.run_id
         except Exception as exc:
@@ -233,6 +233,13 @@ class LiveRun:
             c.set_terminated(self.run_id, status=status)
         except Exception as exc:
             warnings.warn(f"MLflow ({redact(self.uri)}): could not end run {self.run_id}: {exc}", stacklevel=2)
+
+
+def log_record_artifacts(uri: str, run_id: str, config_yaml: str, record: dict) -> None:
+    """A seed's run's files: the resolved config.yaml and the record as result.json."""
+    c = client(uri)
+    c.log_text(run_id, config_yaml, "config.yaml")
+    c.log_dict(run_id, record, "result.json")
 
 
 def log_training_run(uri: str, experiment_id: str, cfg: ExperimentConfig, record: dict,

@@ -67,6 +67,8 @@ class RunRecord(BaseModel):
     sentences_per_second: float | None = None
     workers: int | None = None
     best_model_dir: str | None = None
+    node: str | None = Field(None, description="the Ray node the run trained on (its best model is on that node's "
+                                               "disk)")
     wall_seconds: float | None = None
     finished_at: float | None = None
     stopped: dict[str, Any] | None = Field(None, description="by whom and at which step a scheduler ended it")

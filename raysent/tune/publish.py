@@ -145,7 +145,12 @@ def publish(cfg: ExperimentConfig, exp: Path, state: dict, mlflow: dict | None, 
     out: dict[str, Any] = {"files": [], "cards": []}
     if not recs:
         return out
-    out["best_model_dir"] = best_final(recs).get("best_model_dir")
+    chosen = best_final(recs)
+    out["best_model_dir"] = chosen.get("best_model_dir")
+    for r in (recs if cfg.tracking.log_model == "all" else [chosen]):  # models trained on other nodes come here
+        folder = Path(r.get("best_model_dir") or "")
+        if not folder.is_dir() and r.get("node"):
+            fetch_folder(r["node"], folder)
     table = search_table(exp, run, cid, (state.get("vs_paper") or {}).get("paper"), state.get("warm_source") or "paper")
     out["files"] = [str(p.relative_to(exp)) for p in table.write(exp / "summary")]
     plots, _ = plot_experiment(exp.name, exp.parent, search=run)
@@ -243,10 +248,12 @@ def log_model(uri: str, record: dict, cfg: ExperimentConfig) -> dict:
 
     folder = Path(record.get("best_model_dir") or "")
     run_id = record.get("mlflow_run_id")
+    if not folder.is_dir() and record.get("node"):
+        fetch_folder(record["node"], folder)  # trained on another node: its disk holds the model
     if not (folder / "modules.json").is_file():
-        raise PublishError(f"the best model of seed {record['seed']} ({folder}) is not on this machine or is not a "
-                           "sentence-transformers folder; on a cluster, set tracking.log_model: none, or run the "
-                           "search with its results folder on storage every node shares")
+        raise PublishError(f"the best model of seed {record['seed']} ({folder}) is not on this machine, nor on the "
+                           f"node it trained on, or is not a sentence-transformers folder; set tracking.log_model: "
+                           "none to publish the rest")
     if not run_id:
         raise PublishError(f"seed {record['seed']}'s record has no MLflow run to log its model into")
     meta = json.loads((folder / "raysent.json").read_text())
@@ -274,6 +281,26 @@ def log_model(uri: str, record: dict, cfg: ExperimentConfig) -> dict:
         raise _fail(f"MLflow ({redact(uri)}) did not store the model of seed {record['seed']} (run {run_id})", exc,
                     "Check that the tracking store and its artifact store are reachable and writable.") from None
     return {"uri": info.model_uri, "megabytes": _folder_mb(folder)}
+
+
+def _read_folder(path: str) -> dict[str, bytes]:
+    root = Path(path)
+    return {str(f.relative_to(root)): f.read_bytes() for f in root.rglob("*") if f.is_file()} if root.is_dir() else {}
+
+
+def fetch_folder(node: str, folder: Path) -> None:
+    """Copy ``folder`` from the Ray node that wrote it (a final run on another node) to the same path here, through
+    Ray's object store (one task pinned to that node): no storage shared by the nodes is needed."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    if not ray.is_initialized() or node not in {n["NodeID"] for n in ray.nodes() if n.get("Alive")}:
+        return
+    files = ray.get(ray.remote(num_cpus=0)(_read_folder).options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(str(folder)), timeout=600)
+    for rel, data in files.items():
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_bytes(data)
 
 
 def _torch_version() -> str:

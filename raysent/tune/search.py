@@ -60,6 +60,7 @@ from raysent.tune.trial import (
     resolve_trial,
     save_record,
     seeds_in_one_trial,
+    this_node,
     training_fields,
     trial_dirname,
     trial_identity,
@@ -159,14 +160,16 @@ def train_and_record(cfg: ExperimentConfig, ctx: TrialContext, hp: dict, seed: i
     return data
 
 
-def _sync_records(results, exp: Path) -> int:
+def _sync_records(results, exp: Path, mlflow: dict | None = None) -> int:
     """Write the run records carried by the trials' results that are not on this machine's disk yet."""
-    return write_sent_records([r.metrics or {} for r in results], exp)
+    return write_sent_records([r.metrics or {} for r in results], exp, mlflow)
 
 
-def write_sent_records(last_results: list[dict], exp: Path) -> int:
+def write_sent_records(last_results: list[dict], exp: Path, mlflow: dict | None = None) -> int:
     """Write the run records that trials sent in their last result (``RECORD_KEY``) and that are not on this
-    machine's disk: those of trials on other nodes, and any record deleted since (a broken one)."""
+    machine's disk: those of trials on other nodes, and any record deleted since (a broken one). A record from
+    another node also brings its run's MLflow files (config.yaml, result.json), which its trial could not write:
+    the artifact folder is on this machine."""
     written = 0
     for metrics in last_results:
         text = metrics.get(RECORD_KEY)
@@ -179,7 +182,20 @@ def write_sent_records(last_results: list[dict], exp: Path) -> int:
             if not path.is_file():
                 write_json_atomic(path, rec.to_json())
                 written += 1
+                if mlflow and rec.mlflow_run_id:
+                    _log_files(mlflow["uri"], rec)
     return written
+
+
+def _log_files(uri: str, rec: RunRecord) -> None:
+    import warnings
+
+    from raysent.tracking import log_record_artifacts, redact
+
+    try:
+        log_record_artifacts(uri, str(rec.mlflow_run_id), yaml.safe_dump(rec.config, sort_keys=False), rec.to_json())
+    except Exception as exc:
+        warnings.warn(f"MLflow ({redact(uri)}): the files of run {rec.mlflow_run_id} not logged: {exc}", stacklevel=2)
 
 
 def restore_records(cfg: ExperimentConfig, exp: Path, run: str) -> int:
@@ -391,7 +407,7 @@ def tune_experiment(cfg: ExperimentConfig, resume: bool = False, final_only: boo
 
         check_publishing(cfg, exp_id)  # the artifact store and the model registry: before Ray starts (exit 2)
     exp.mkdir(parents=True, exist_ok=True)
-    if trains:
+    if trains or remote:  # a cluster is joined to publish too: a final model may be on another node's disk
         init_ray(cfg)
         check_resources(cfg)  # against the Ray this search runs on
     if resume and (restored := restore_records(cfg, exp, state["run"])):
@@ -410,7 +426,14 @@ def tune_experiment(cfg: ExperimentConfig, resume: bool = False, final_only: boo
     say(f"experiment {exp.name}: results in {exp}" + (f", MLflow {redact(uri)}" if mlflow else ""))
     started = time.time()
     status = "FAILED"
+    server = None
     try:
+        if mlflow and trains:  # trials on other nodes reach the store through a server on this one
+            server = serve_store(cfg, exp, uri, say)
+            mlflow["uri"] = server.url if server else uri
+            from raysent.tune.mlflow_server import check_reach
+
+            check_reach(mlflow["uri"], "tracking.mlflow_uri")
         if state["phase"] == "search":
             best = run_search(cfg, exp, state, mlflow, resume, say)
             state.update(phase="final", best=best)
@@ -438,6 +461,11 @@ def tune_experiment(cfg: ExperimentConfig, resume: bool = False, final_only: boo
         if mlflow and state.get("parent_run_id"):
             # the search's run, and any run of it still open (a trial killed with the search), end with it
             end_runs_of(uri, exp_id, state["parent_run_id"], status)
+        if server is not None:
+            server.stop()
+            say(f"MLflow: stopped the tracking server at {server.url}")
+        if mlflow:
+            mlflow["uri"] = uri  # the store itself, for what the driver logs after the search
     summary = {"experiment": exp.name, "results": str(exp), "search": state["run"], "best": state.get("best"),
                "final": state.get("final"), "paper": state.get("paper"), "vs_paper": state.get("vs_paper"),
                "warm_source": state.get("warm_source"),
@@ -457,6 +485,22 @@ def tune_experiment(cfg: ExperimentConfig, resume: bool = False, final_only: boo
         summary["published"] = state.get("published")
         write_json_atomic(exp / "summary.json", summary)
     return summary
+
+
+def serve_store(cfg: ExperimentConfig, exp: Path, uri: str, say):
+    """A :class:`~raysent.tune.mlflow_server.TrackingServer` over the local store when the search runs on
+    more than one node (:func:`~raysent.tune.mlflow_server.wanted`), else None."""
+    from raysent.tracking import redact
+    from raysent.tune import mlflow_server
+
+    if not mlflow_server.wanted(cfg, uri):
+        return None
+    host = mlflow_server.driver_address()
+    server = mlflow_server.TrackingServer(uri, Path(cfg.tracking.results_dir).resolve() / "mlartifacts", host,
+                                          cfg.tracking.server_port, exp / "mlflow-server.log")
+    say(f"MLflow: the search runs on {len(mlflow_server.alive_nodes())} node(s) and its store is a file here: serving "
+        f"{redact(uri)} to the trials at {server.url} (listening on {host} only, until the search ends)")
+    return server.start()
 
 
 MLFLOW_UI = "http://127.0.0.1:5000"  # where `mlflow ui` serves by default
@@ -510,7 +554,8 @@ def run_search(cfg: ExperimentConfig, exp: Path, state: dict, mlflow: dict | Non
     run = state["run"]
     metric = tune_metric(cfg)
     ctx = TrialContext(config=cfg.to_dict(), source=state.get("source", "<config>"), phase="search", run=run,
-                       exp_dir=str(exp), metric=metric, mlflow=_mlflow_target(mlflow), env=_env())
+                       exp_dir=str(exp), metric=metric, mlflow=_mlflow_target(mlflow), env=_env(),
+                       driver_node=this_node())
     trainable = _trainable(cfg, ctx)
     searcher, param_space = _searcher(cfg, exp, run, metric)
     scheduler, callbacks = None, []
@@ -554,7 +599,7 @@ def run_search(cfg: ExperimentConfig, exp: Path, state: dict, mlflow: dict | Non
                       run_config=RunConfig(name=f"search-{run}", storage_path=storage, callbacks=callbacks,
                                            stop=fail_fast, failure_config=tune.FailureConfig(max_failures=0)))
     results = tuner.fit()
-    _sync_records(results, exp)
+    _sync_records(results, exp, mlflow)
     if fail_fast.reason is not None:
         kind, message = fail_fast.reason
         raise RaysentError(f"search {run} stopped: its first {s.fail_fast} trials all failed with {kind}: {message}"
@@ -670,7 +715,7 @@ def run_final(cfg: ExperimentConfig, exp: Path, state: dict, best: dict, mlflow:
     final_cfg = with_overrides(cfg, best["hp"]) if best["hp"] else cfg
     ctx = TrialContext(config=final_cfg.to_dict(), source=state.get("source", "<config>"), phase="final", run=run,
                        exp_dir=str(exp), metric=tune_metric(cfg), mlflow=_mlflow_target(mlflow), env=_env(),
-                       hp=best["hp"], arm=arm)
+                       hp=best["hp"], arm=arm, driver_node=this_node())
     trainable = _trainable(cfg, ctx)
     storage, name = tune_storage(cfg, exp), f"final-{arm + '-' if arm else ''}{run}"
     arm_name = {"paper": "the paper's setting", "file": "the file's setting"}[warm_source(cfg)] if arm else ""
@@ -690,7 +735,7 @@ def run_final(cfg: ExperimentConfig, exp: Path, state: dict, best: dict, mlflow:
                       run_config=RunConfig(name=name, storage_path=storage,
                                            failure_config=tune.FailureConfig(max_failures=0)))
     results = tuner.fit()
-    _sync_records(results, exp)
+    _sync_records(results, exp, mlflow)
     _check_complete(results, len(cfg.seeds), cfg, "final phase")
     errors = [str(r.error).strip().splitlines()[-1][:500] for r in results if r.error is not None]
     recs = [r for r in _records(exp, "final", run) if r["config_id"] == best["config_id"]]

@@ -44,6 +44,7 @@ class TrialContext(BaseModel):
     env: dict[str, str] = {}  # RAYSENT_DATA_DIR & co. as the driver resolved them
     hp: dict[str, Any] = {}  # the final phase's configuration
     arm: str = ""  # the final phase's second arm ("paper": search.warm_start's comparison), in its folder names
+    driver_node: str | None = None  # the Ray node of the search's driver (its disk holds results/)
 
     @property
     def experiment(self) -> str:
@@ -164,7 +165,8 @@ def build_record(ctx: TrialContext, cfg: ExperimentConfig, hp: dict, seed: int, 
     what a stopped trial reported; the final phase's scores, the times, ``stopped``)."""
     return RunRecord(
         experiment=ctx.experiment, phase=ctx.phase, search=ctx.run, config_id=config_id(hp), hp=hp, seed=seed,
-        trial_id=trial_id, method=cfg.method, model=cfg.model.name, hyperparameters=hyperparameters(cfg),
+        trial_id=trial_id, node=this_node(), method=cfg.method, model=cfg.model.name,
+        hyperparameters=hyperparameters(cfg),
         config=cfg.to_dict(), learned=learned(cfg.method, fields.get("best_step")),
         diverged=diverged(fields.get("initial_dev"), fields.get("dev_curve") or []), **fields)
 
@@ -191,6 +193,21 @@ def open_live_run(ctx: TrialContext, cfg: ExperimentConfig, identity: dict):
     return LiveRun.open(m.uri, m.experiment_id, cfg, identity, m.parent, cfg.output_dir() / LIVE_RUN_FILE)
 
 
+def this_node() -> str | None:
+    """The Ray node this process runs on (None outside Ray)."""
+    try:
+        import ray
+
+        return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+    except ImportError:
+        return None
+
+
+def on_driver_node(ctx: TrialContext) -> bool:
+    """Whether this trial runs on the driver's node, whose disk holds results/ and the MLflow artifact folder."""
+    return ctx.driver_node is None or this_node() in (None, ctx.driver_node)
+
+
 def save_record(path: Path, record: RunRecord, cfg: ExperimentConfig, ctx: TrialContext, live=None,
                 **mlflow_run) -> dict:
     """Write the run record (atomic), end its MLflow run (``live``, else one written at once;
@@ -202,7 +219,8 @@ def save_record(path: Path, record: RunRecord, cfg: ExperimentConfig, ctx: Trial
     write_json_atomic(path, data)
     m = ctx.mlflow
     if m:
-        data["mlflow_run_id"] = (live.finish(cfg, data, **mlflow_run) if live is not None else
+        data["mlflow_run_id"] = (live.finish(cfg, data, artifacts=on_driver_node(ctx), **mlflow_run)
+                                 if live is not None else
                                  log_training_run(m.uri, m.experiment_id, cfg, data, m.parent, **mlflow_run))
         write_json_atomic(path, data)
     return data
