@@ -107,6 +107,13 @@ class TrainConfig(Strict):
     log_every: int = Field(10, gt=0)
     output_dir: str | None = Field(None, description="default: results/<name>/train/<method>-seed<seed>")
 
+    @field_validator("adam_betas", mode="before")
+    @classmethod
+    def _two_betas(cls, v):
+        if not isinstance(v, (list, tuple)) or len(v) != 2:
+            raise ValueError("two values are needed, [beta1, beta2] (AdamW's betas), e.g. [0.9, 0.999]")
+        return v
+
     @field_validator("adam_betas")
     @classmethod
     def _betas(cls, v):

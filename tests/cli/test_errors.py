@@ -69,6 +69,8 @@ CONFIG_CASES = [
     (GOOD.replace("name: ok", "name: my experiment"), ["exp.yaml:1", "name", "'my experiment'", "letters, digits"]),
     (GOOD + "eval:\n  tasks: [sts, glue]\n", ["eval.tasks.1", "'glue'", "'sts'", "'senteval'"]),
     (GOOD.replace("  lr: 1.0e-4", "  lr: 1.0e-4\n  adam_betas: [0.9, 1.5]"), ["exp.yaml:10", "train.adam_betas", "[0, 1)"]),
+    (GOOD.replace("  lr: 1.0e-4", "  lr: 1.0e-4\n  adam_betas: [0.9]"),
+     ["exp.yaml:10", "train.adam_betas", "got [0.9]", "two values", "[0.9, 0.999]"]),
     (GOOD + "seeds: [1, 1]\n", ["exp.yaml:12", "seeds: got [1, 1]", "seed 1 given more than once", "e.g. [1, 2]"]),
     # a key given twice, at any depth: PyYAML would keep the last value without a word
     (GOOD.replace("  lr: 1.0e-4", "  lr: 1.0e-4\n  lr: 3.0e-5"),
