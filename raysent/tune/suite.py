@@ -78,6 +78,10 @@ class SuiteConfig(_Strict):
 def load_suite(path: str | Path) -> SuiteConfig:
     path = Path(path)
     raw, _ = read_yaml(path, "a suite YAML file")
+    if isinstance(raw, dict) and "experiments" not in raw and ("method" in raw or "model" in raw):
+        raise ConfigError(f"{path}: is an experiment file (it has {'method' if 'method' in raw else 'model'}:), not a "
+                          "suite file (a suite, like benchmarks/mini.yaml, lists experiment files under "
+                          f"'experiments'). Run this experiment with: raysent tune {path}")
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: a suite file is a mapping with name, set, estimate and experiments")
     try:

@@ -84,6 +84,16 @@ def test_bad_suite_files_name_the_field(tmp_path, body, field):
     assert str(path) in str(exc.value) and field in str(exc.value)
 
 
+def test_an_experiment_file_given_to_suite_is_named_and_the_command_shown(capsys, monkeypatch):
+    from raysent.cli import main
+
+    monkeypatch.chdir(REPO)
+    assert main(["suite", "search_spaces/quick.yaml", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("raysent: error: search_spaces/quick.yaml: is an experiment file") and "Traceback" not in err
+    assert "Run this experiment with: raysent tune search_spaces/quick.yaml" in err
+
+
 def test_unknown_entry_and_bad_override(tmp_path):
     with pytest.raises(ConfigError, match="--only nope: not in the suite"):
         plan(REPO / "benchmarks" / "mini.yaml", only=["nope"])
