@@ -320,6 +320,16 @@ class TrackingConfig(Strict):
     registry_uri: str | None = Field(None, description="MLflow model registry (default MLFLOW_REGISTRY_URI, else the "
                                      "tracking store)")
 
+    @field_validator("results_dir")
+    @classmethod
+    def _a_folder(cls, v):
+        from raysent.io import not_a_folder
+
+        why = not_a_folder(v)
+        if why:
+            raise ValueError(f"{why}; give a folder (created if missing), e.g. results")
+        return v
+
 
 class ExperimentConfig(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$",

@@ -110,6 +110,35 @@ def test_duplicate_seeds_from_set_are_refused(tmp_path, capsys):
     assert "seeds: got [7, 7]: seed 7 given more than once" in err and "Traceback" not in err
 
 
+def test_a_results_dir_that_is_a_file_is_named_as_a_file(tmp_path, capsys):
+    """--results-dir of table, plot and compare, and tracking.results_dir of an experiment (tune, train, a suite's
+    `set`): a file there, or above it, is named as a file, with exit status 2."""
+    from raysent.cli import main
+
+    blocker = tmp_path / "results.txt"
+    blocker.write_text("")
+    for where, why in ((blocker, "is a file, not a folder"), (blocker / "sub", f"cannot be a folder: {blocker} is a file")):
+        for argv in (["table"], ["table", "exp"], ["plot", "exp"], ["compare", "exp", "exp2"]):
+            assert main([*argv, "--results-dir", str(where)]) == 2
+            err = capsys.readouterr().err
+            assert err.startswith(f"raysent: error: --results-dir {where}: {why}; give the folder"), err
+
+    path = write(tmp_path, GOOD + f"tracking:\n  results_dir: {blocker}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert f"exp.yaml:13: tracking.results_dir: got '{blocker}': is a file, not a folder" in str(info.value)
+    for argv in (["train", str(path)], ["tune", str(path), "--dry-run"],
+                 ["tune", str(write(tmp_path, GOOD, "ok.yaml")), "--set", f"tracking.results_dir={blocker}"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"tracking.results_dir: got '{blocker}': is a file, not a folder" in err and "Traceback" not in err
+    suite = write(tmp_path, f"name: s\nset: {{tracking.results_dir: {blocker / 'sub'}}}\n"
+                  f"experiments: [{{name: a, config: {tmp_path / 'ok.yaml'}}}]\n", "suite.yaml")
+    assert main(["suite", str(suite), "--dry-run"]) == 2
+    assert f"tracking.results_dir: got '{blocker / 'sub'}': cannot be a folder: {blocker} is a file" in \
+        capsys.readouterr().err
+
+
 DATA_CASES = [
     # (file name, content, substrings)
     ("pairs.tsv", "score\tsentence1\n1.0\ta\n", ["pairs.tsv line 1", "missing column(s) 'sentence2'", "score, sentence1, sentence2"]),
