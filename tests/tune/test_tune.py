@@ -192,6 +192,7 @@ def test_an_interrupted_search_resumes_with_no_trial_lost_or_repeated(ray_cluste
     seed_runs = [r for r in mruns if r.data.tags.get("phase") == "search" and "seed" in r.data.tags]
     assert sorted(r.info.run_id for r in seed_runs) == sorted(r["mlflow_run_id"] for r in records)
     assert {r.info.status for r in mruns} == {"FINISHED"}
+    assert [r.data.tags["error"] for r in mruns if "error" in r.data.tags] == []  # not `interrupted` once resumed
     assert [r.info.run_name for r in mruns if "mlflow.parentRunId" not in r.data.tags][0].startswith("search-")
 
 
