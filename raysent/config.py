@@ -107,6 +107,13 @@ class TrainConfig(Strict):
     log_every: int = Field(10, gt=0)
     output_dir: str | None = Field(None, description="default: results/<name>/train/<method>-seed<seed>")
 
+    @field_validator("adam_betas", mode="before")
+    @classmethod
+    def _two_betas(cls, v):
+        if not isinstance(v, (list, tuple)) or len(v) != 2:
+            raise ValueError("two values are needed, [beta1, beta2] (AdamW's betas), e.g. [0.9, 0.999]")
+        return v
+
     @field_validator("adam_betas")
     @classmethod
     def _betas(cls, v):
@@ -318,6 +325,16 @@ class TrackingConfig(Strict):
         "starts with its head alone), never")
     server_port: int | None = Field(None, gt=0, lt=65536, description="that server's port (default: a free one)")
 
+    @field_validator("results_dir")
+    @classmethod
+    def _a_folder(cls, v):
+        from raysent.io import not_a_folder
+
+        why = not_a_folder(v)
+        if why:
+            raise ValueError(f"{why}; give a folder (created if missing), e.g. results")
+        return v
+
 
 class ExperimentConfig(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$",
@@ -335,6 +352,21 @@ class ExperimentConfig(Strict):
 
     # where it came from (not part of the schema)
     _source: str = "<config>"
+
+    @field_validator("seeds")
+    @classmethod
+    def _distinct_seeds(cls, v):
+        twice = sorted({s for s in v if v.count(s) > 1})
+        if twice:
+            distinct: list[int] = []
+            for s in v:
+                while s in distinct:
+                    s += 1
+                distinct.append(s)
+            raise ValueError(f"seed{'s' if len(twice) > 1 else ''} {', '.join(map(str, twice))} given more than once, "
+                             "and each (configuration, seed) runs once: remove the repeat or give distinct seeds, "
+                             f"e.g. {distinct}")
+        return v
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -547,15 +579,52 @@ def _cross_checks(cfg: ExperimentConfig, method_cls, source: str, root, check_se
                  f"data.dev) or dev/<set>, e.g. dev/stsb:dev")
 
 
-def load_config(path: str | os.PathLike, overrides: dict | None = None) -> ExperimentConfig:
-    """Read and validate an experiment YAML (``overrides``: flat hyperparameter names, see below)."""
+def _duplicate_keys(root: yaml.Node | None, source: str) -> list[str]:
+    """One line per key given twice in the same mapping, at any depth (PyYAML keeps the last value silently)."""
+    keys = yaml.SafeLoader("")  # builds key values only: 1 and 0x1 are the same key, "lr" and lr too
+    found: list[str] = []
+    seen_nodes: set[int] = set()
+
+    def walk(node, path: tuple) -> None:
+        if id(node) in seen_nodes:  # an alias: checked where its anchor is
+            return
+        seen_nodes.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            first: dict[Any, int] = {}
+            for k, v in node.value:
+                try:
+                    key = keys.construct_object(k, deep=True)
+                    hash(key)
+                except Exception:  # a key that is itself a list or mapping: compared by its text
+                    key = (k.tag, repr(k.value))
+                line = k.start_mark.line + 1
+                if key in first:
+                    field = ".".join(map(str, (*path, key)))
+                    found.append(f"{source}:{line}: {field}: the key {key!r} is given twice (first on line "
+                                 f"{first[key]}); YAML would keep only the last value: remove one of them")
+                else:
+                    first[key] = line
+                walk(v, (*path, key))
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                walk(item, (*path, i))
+
+    if root is not None:
+        walk(root, ())
+    return found
+
+
+def read_yaml(path: str | os.PathLike, what: str) -> tuple[Any, yaml.Node | None]:
+    """The data of a YAML file and its node tree (for line numbers); ``what`` names the kind of file in errors
+    ("an experiment YAML file"). Unreadable text, invalid YAML and a key given twice in one mapping are
+    :class:`ConfigError`s naming the file and the line."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{path}: file not found") from None
     except IsADirectoryError:
-        raise ConfigError(f"{path}: is a directory, expected an experiment YAML file") from None
+        raise ConfigError(f"{path}: is a directory, expected {what}") from None
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text ({exc.reason})") from None
     try:
@@ -566,6 +635,18 @@ def load_config(path: str | os.PathLike, overrides: dict | None = None) -> Exper
         where = f":{mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError(f"{path}{where}: not valid YAML: {problem}") from None
+    duplicates = _duplicate_keys(root, str(path))
+    if len(duplicates) == 1:
+        raise ConfigError(duplicates[0])
+    if duplicates:
+        raise ConfigError(f"{len(duplicates)} keys given twice\n  " + "\n  ".join(duplicates))
+    return raw, root
+
+
+def load_config(path: str | os.PathLike, overrides: dict | None = None) -> ExperimentConfig:
+    """Read and validate an experiment YAML (``overrides``: flat hyperparameter names, see below)."""
+    path = Path(path)
+    raw, root = read_yaml(path, "an experiment YAML file")
     if raw is None:
         raise ConfigError(f"{path}: the file is empty; an experiment needs at least name, method and model.name")
     cfg = parse_config(raw, source=str(path), root=root)

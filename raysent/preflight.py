@@ -140,13 +140,16 @@ def check_data(cfg: ExperimentConfig) -> dict[str, Any]:
 
 def check_writable(path: str | Path, field: str) -> str:
     """Whether results can be written under ``path`` (its nearest existing folder is writable)."""
+    from raysent.io import not_a_folder
+
     p = Path(path).expanduser().resolve()
+    why = not_a_folder(p)
+    if why:
+        raise PreflightError(f"{field}: {p} {why}. Point it at a folder: --set {field}=PATH")
     here = p
     while not here.exists() and here != here.parent:
         here = here.parent
     try:
-        if not here.is_dir():
-            raise NotADirectoryError(f"{here} is not a folder")
         with tempfile.TemporaryFile(dir=here):
             pass
     except OSError as exc:

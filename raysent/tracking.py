@@ -165,6 +165,7 @@ class LiveRun:
             run_id = id_file.read_text().strip() if id_file is not None and id_file.is_file() else None
             if run_id:
                 c.update_run(run_id, status="RUNNING")
+                cls._clear_error(c, run_id)
                 return cls(uri, run_id)
             run_id = start_run(uri, experiment_id, run_name(record), run_tags(cfg, record), parent)
             c.log_batch(run_id, params=_params({**hyperparameters(cfg), "seed": record["seed"]}))
@@ -176,6 +177,17 @@ class LiveRun:
             warnings.warn(f"MLflow ({redact(uri)}) did not open the run: {exc}; its JSON is in results/",
                           stacklevel=2)
             return cls(uri, None)
+
+    @staticmethod
+    def _clear_error(c, run_id: str) -> None:
+        """Drop the ``error`` tag of a run that goes on or ends with its record: what :meth:`fail` wrote when the
+        trial was cut off (``interrupted``) no longer holds once the trial is resumed; if it fails again, the tag
+        is set anew."""
+        try:
+            if "error" in c.get_run(run_id).data.tags:
+                c.delete_tag(run_id, "error")
+        except Exception as exc:
+            warnings.warn(f"MLflow: run {run_id} keeps its error tag from before it was resumed: {exc}", stacklevel=3)
 
     def log(self, metrics: dict, step: int) -> None:
         """One evaluation's numbers (``dev_spearman``, ``dev/<set>``, ``loss``, ...) at its step (not the
@@ -216,6 +228,7 @@ class LiveRun:
                         tags=[RunTag(k, v) for k, v in run_tags(cfg, record, tags).items()])
             if artifacts:  # else the driver logs them (a trial on another node: the artifact folder is not there)
                 log_record_artifacts(self.uri, self.run_id, cfg.to_yaml(), record)
+            self._clear_error(c, self.run_id)
             c.set_terminated(self.run_id, status=status)
             return self.run_id
         except Exception as exc:

@@ -74,7 +74,8 @@ def test_unwritable_results_and_an_unstarted_resume_leave_nothing_behind(tmp_pat
     for command in ("train", "tune"):
         proc = run_cli(command, QUICK, "--set", f"tracking.results_dir={blocker / 'results'}", check=False)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-        assert f"tracking.results_dir: {blocker / 'results'} cannot be written" in proc.stderr
+        assert f"tracking.results_dir: got '{blocker / 'results'}': cannot be a folder: {blocker} is a file" \
+            in proc.stderr
     proc = run_cli("tune", QUICK, "--resume", "--set", f"tracking.results_dir={tmp_path / 'r'}", check=False)
     assert proc.returncode == 2 and "no search to resume" in proc.stderr
     assert not (tmp_path / "r").exists()

@@ -29,6 +29,16 @@ def parse_set(values: list[str] | None) -> dict:
     return out
 
 
+def check_results_dir(path: str) -> None:
+    """``--results-dir``: a folder, or a path where one can be created; a file there is named as a file."""
+    from raysent.io import not_a_folder
+
+    why = not_a_folder(path)
+    if why:
+        raise RaysentError(f"--results-dir {path}: {why}; give the folder that holds the experiments' "
+                           "results (default: results)")
+
+
 def stdout_for(fmt: str):
     """With --format json, stdout carries the JSON alone: what Ray and Tune print meanwhile (worker
     logs forwarded to the driver, Tune's status tables) goes to stderr."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from raysent.cli.common import check_results_dir
+
 
 def register(sub) -> None:
     cp = sub.add_parser("compare", help="per-data-set differences between runs, paired t-test and Wilcoxon across "
@@ -27,6 +29,7 @@ def register(sub) -> None:
 def run(args) -> int:
     from raysent.report.compare import compare, format_comparison
 
+    check_results_dir(args.results_dir)
     phase = None if args.phase == "any" else args.phase
     res = compare(args.runs, args.results_dir, phase=phase, aggregation=args.aggregation,
                   correlation=args.correlation)

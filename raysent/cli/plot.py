@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from raysent.cli.common import split_list
+from raysent.cli.common import check_results_dir, split_list
 from raysent.errors import RaysentError
 
 
@@ -29,6 +29,7 @@ def register(sub) -> None:
 def run(args) -> int:
     from raysent.report.plots import PLOT_KINDS, plot_experiment
 
+    check_results_dir(args.results_dir)
     kinds = split_list(args.kinds) or list(PLOT_KINDS)
     bad = [k for k in kinds if k not in PLOT_KINDS]
     if bad:

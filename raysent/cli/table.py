@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from raysent.cli.common import split_list
+from raysent.cli.common import check_results_dir, split_list
 from raysent.errors import RaysentError
 
 
@@ -52,6 +52,7 @@ def run(args) -> int:
     from raysent.report.runs import experiments, load_experiment
     from raysent.report.table import build_table, output_stem
 
+    check_results_dir(args.results_dir)
     names = args.experiments or experiments(args.results_dir)
     if not names:
         raise RaysentError(f"no experiment with run files under {args.results_dir}/ (results/<experiment>/runs/*.json; "

@@ -615,12 +615,28 @@ def run_search(cfg: ExperimentConfig, exp: Path, state: dict, mlflow: dict | Non
 
 def _check_complete(results, expected: int, cfg: ExperimentConfig, what: str) -> None:
     """Tune returns normally when interrupted (Ctrl-C), having saved its state: an unfinished trial, or fewer
-    trials than the phase has, means the phase did not end and must not be summarised as if it had."""
-    ended = results.num_terminated + results.num_errors
-    if ended < len(results) or len(results) < expected:
-        raise Interrupted(f"{what} of {cfg.name} interrupted after {ended} of {expected} trial(s); its state is saved: "
-                          f"`raysent tune --resume` with the same config continues it (finished trials are kept, "
-                          f"unfinished ones go on from their last checkpoint)")
+    trials than the phase has, means the phase did not end and must not be summarised as if it had.
+
+    The records decide, not Tune's counts (Tune counts the trials it ended because of Ctrl-C as terminated): a
+    trial finished iff it sent its run record (its last result carries it), failed iff Tune holds its error, was
+    stopped by the scheduler iff its record is in ``stopped/``; any other trial was running."""
+    stopped_ids = {p.stem.rsplit("-", 1)[-1] for p in (experiment_dir(cfg) / STOPPED_DIR).glob("*.json")}
+    finished = failed = stopped = 0
+    for r in results:
+        metrics = r.metrics or {}
+        if metrics.get(RECORD_KEY):
+            finished += 1
+        elif r.error is not None:
+            failed += 1
+        elif metrics.get("trial_id") in stopped_ids:
+            stopped += 1
+    running = len(results) - finished - failed - stopped
+    if running or len(results) < expected:
+        ended = "".join(f"{n} {how}, " for n, how in ((failed, "failed"), (stopped, "stopped by the scheduler")) if n)
+        raise Interrupted(f"{what} of {cfg.name} interrupted after {finished} of {expected} trial(s) finished "
+                          f"({ended}{running} were running); its state is saved: `raysent tune --resume` with the "
+                          "same config continues it (finished trials are kept, unfinished ones go on from their last "
+                          "checkpoint)")
 
 
 def tune_storage(cfg: ExperimentConfig, exp: Path) -> str:

@@ -29,10 +29,9 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from raysent.config import ExperimentConfig, load_config, parse_config, with_overrides
+from raysent.config import ExperimentConfig, load_config, parse_config, read_yaml, with_overrides
 from raysent.errors import ConfigError, Interrupted, RaysentError
 
 ARMS = ("paper", "searched")
@@ -78,12 +77,11 @@ class SuiteConfig(_Strict):
 
 def load_suite(path: str | Path) -> SuiteConfig:
     path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: file not found") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    raw, _ = read_yaml(path, "a suite YAML file")
+    if isinstance(raw, dict) and "experiments" not in raw and ("method" in raw or "model" in raw):
+        raise ConfigError(f"{path}: is an experiment file (it has {'method' if 'method' in raw else 'model'}:), not a "
+                          "suite file (a suite, like benchmarks/mini.yaml, lists experiment files under "
+                          f"'experiments'). Run this experiment with: raysent tune {path}")
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: a suite file is a mapping with name, set, estimate and experiments")
     try:

@@ -69,6 +69,17 @@ CONFIG_CASES = [
     (GOOD.replace("name: ok", "name: my experiment"), ["exp.yaml:1", "name", "'my experiment'", "letters, digits"]),
     (GOOD + "eval:\n  tasks: [sts, glue]\n", ["eval.tasks.1", "'glue'", "'sts'", "'senteval'"]),
     (GOOD.replace("  lr: 1.0e-4", "  lr: 1.0e-4\n  adam_betas: [0.9, 1.5]"), ["exp.yaml:10", "train.adam_betas", "[0, 1)"]),
+    (GOOD.replace("  lr: 1.0e-4", "  lr: 1.0e-4\n  adam_betas: [0.9]"),
+     ["exp.yaml:10", "train.adam_betas", "got [0.9]", "two values", "[0.9, 0.999]"]),
+    (GOOD + "seeds: [1, 1]\n", ["exp.yaml:12", "seeds: got [1, 1]", "seed 1 given more than once", "e.g. [1, 2]"]),
+    # a key given twice, at any depth: PyYAML would keep the last value without a word
+    (GOOD.replace("  lr: 1.0e-4", "  lr: 1.0e-4\n  lr: 3.0e-5"),
+     ["exp.yaml:10", "train.lr", "the key 'lr' is given twice (first on line 9)", "remove one"]),
+    (GOOD + "name: other\n", ["exp.yaml:12", "name:", "the key 'name' is given twice (first on line 1)"]),
+    (GOOD + "search:\n  space:\n    temperature: {type: uniform, low: 0.01, high: 0.1, low: 0.02}\n",
+     ["exp.yaml:14", "search.space.temperature.low", "given twice"]),
+    (GOOD + "eval:\n  tasks: [sts]\n  sts_sets:\n    - stsb\n  tasks: [senteval]\n",
+     ["exp.yaml:16", "eval.tasks", "given twice (first on line 13)"]),
     (GOOD.replace("  train: sts-unlabeled", "  train: sts-unlabeled\n  dev: wiki1m"),
      ["data.dev", "wiki1m", "holds sentences", "scored pairs are needed"]),
     (GOOD.replace("model:\n  name: raw-bert-mini-mlm\n", ""), ["model", "required field is missing"]),
@@ -86,6 +97,46 @@ def test_malformed_config(tmp_path, text, expected):
     msg = str(info.value)
     for part in expected:
         assert part in msg, f"{part!r} not in:\n{msg}"
+
+
+def test_duplicate_seeds_from_set_are_refused(tmp_path, capsys):
+    """--set seeds=[1, 1] is validated as the file is: two runs of one (configuration, seed) at once left one
+    record and two MLflow runs."""
+    from raysent.cli import main
+
+    path = write(tmp_path, GOOD)
+    assert main(["tune", str(path), "--set", "seeds=[7, 7]", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "seeds: got [7, 7]: seed 7 given more than once" in err and "Traceback" not in err
+
+
+def test_a_results_dir_that_is_a_file_is_named_as_a_file(tmp_path, capsys):
+    """--results-dir of table, plot and compare, and tracking.results_dir of an experiment (tune, train, a suite's
+    `set`): a file there, or above it, is named as a file, with exit status 2."""
+    from raysent.cli import main
+
+    blocker = tmp_path / "results.txt"
+    blocker.write_text("")
+    for where, why in ((blocker, "is a file, not a folder"), (blocker / "sub", f"cannot be a folder: {blocker} is a file")):
+        for argv in (["table"], ["table", "exp"], ["plot", "exp"], ["compare", "exp", "exp2"]):
+            assert main([*argv, "--results-dir", str(where)]) == 2
+            err = capsys.readouterr().err
+            assert err.startswith(f"raysent: error: --results-dir {where}: {why}; give the folder"), err
+
+    path = write(tmp_path, GOOD + f"tracking:\n  results_dir: {blocker}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert f"exp.yaml:13: tracking.results_dir: got '{blocker}': is a file, not a folder" in str(info.value)
+    for argv in (["train", str(path)], ["tune", str(path), "--dry-run"],
+                 ["tune", str(write(tmp_path, GOOD, "ok.yaml")), "--set", f"tracking.results_dir={blocker}"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"tracking.results_dir: got '{blocker}': is a file, not a folder" in err and "Traceback" not in err
+    suite = write(tmp_path, f"name: s\nset: {{tracking.results_dir: {blocker / 'sub'}}}\n"
+                  f"experiments: [{{name: a, config: {tmp_path / 'ok.yaml'}}}]\n", "suite.yaml")
+    assert main(["suite", str(suite), "--dry-run"]) == 2
+    assert f"tracking.results_dir: got '{blocker / 'sub'}': cannot be a folder: {blocker} is a file" in \
+        capsys.readouterr().err
 
 
 DATA_CASES = [

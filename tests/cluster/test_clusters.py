@@ -173,7 +173,7 @@ def _start_command_flags(command: str, sub: str) -> dict[str, str | None]:
 @pytest.mark.parametrize("path", LAUNCHER_FILES, ids=lambda p: p.name)
 def test_launcher_config_installs_raysent_and_binds_the_dashboard_to_localhost(path):
     config = _load(path)
-    assert config["file_mounts"] == {"~/raysent": "."}
+    assert config["file_mounts"] == {"~/raysent": ".", "~/.ray/auth_token": "~/.ray/auth_token"}
     setup = config["setup_commands"]
     torch_at = next(i for i, c in enumerate(setup) if re.search(r"pip install [^;&|]*\btorch\b", c))
     raysent_at = next(i for i, c in enumerate(setup) if "pip install -e ~/raysent" in c)
@@ -193,6 +193,93 @@ def test_launcher_config_installs_raysent_and_binds_the_dashboard_to_localhost(p
     for command in config["worker_start_ray_commands"]:
         worker_flags.update(_start_command_flags(command, "start"))
     assert worker_flags.get("--address") == "$RAY_HEAD_IP:6379", worker_flags
+
+
+def _env_of_ray_start(command: str) -> dict[str, str]:
+    """What a shell command puts in the environment of its ``ray start``: variables exported before it, and
+    assignments prefixed to it (``X=1 ray start``; prefixed to another command, they are that command's only)."""
+    env: dict[str, str] = {}
+    lexer = shlex.shlex(command, posix=True, punctuation_chars=";&|")
+    lexer.whitespace_split = True
+
+    def assignment(word: str) -> tuple[str, str] | None:
+        m = re.fullmatch(r"([A-Za-z_]\w*)=(\S*)", word)
+        return (m[1], m[2]) if m else None
+
+    words: list[str] = []
+    for token in list(lexer) + [";"]:
+        if not (token and set(token) <= set(";&|")):
+            words.append(token)
+            continue
+        if words[:1] == ["export"]:
+            env.update(a for a in map(assignment, words[1:]) if a)
+        else:
+            n = 0
+            while n < len(words) and assignment(words[n]):
+                n += 1
+            if words[n:n + 2] == ["ray", "start"]:
+                return {**env, **dict(filter(None, map(assignment, words[:n])))}
+        words = []
+    return {}
+
+
+def security_problems(config: dict) -> list[str]:
+    """Why a launcher config would start a cluster that takes work from anyone who reaches its ports: token
+    authentication not turned on (RAY_AUTH_MODE=token) where Ray starts and where clients run on the nodes, no
+    shared token on the nodes, or a server asked to listen beyond the node (0.0.0.0) or a dashboard off 127.0.0.1."""
+    from ray._private.authentication.authentication_token_setup import AUTH_MODE_ENV_VAR, _get_default_token_path
+
+    problems = []
+    token = "~/" + _get_default_token_path().relative_to(Path.home()).as_posix()  # where Ray looks: ~/.ray/auth_token
+    if (config.get("file_mounts") or {}).get(token) != token:
+        problems.append(f"file_mounts: no {token!r}: {token!r} (every node needs the token of `ray get-auth-token`)")
+    setup = "\n".join(config.get("setup_commands") or [])
+    if f"export {AUTH_MODE_ENV_VAR}=token" not in setup:
+        problems.append(f"setup_commands: the nodes' environment does not export {AUTH_MODE_ENV_VAR}=token")
+    if f"chmod 600 {token}" not in setup:
+        problems.append(f"setup_commands: no `chmod 600 {token}`")
+    for key in ("head_start_ray_commands", "worker_start_ray_commands"):
+        starts = [c for c in config.get(key) or [] if _start_command_flags(c, "start")]
+        if not starts or any(_env_of_ray_start(c).get(AUTH_MODE_ENV_VAR) != "token" for c in starts):
+            problems.append(f"{key}: `ray start` without {AUTH_MODE_ENV_VAR}=token")
+        for c in starts:
+            flags = _start_command_flags(c, "start")
+            wide = sorted(f for f, v in flags.items() if v in ("0.0.0.0", "::"))
+            if wide:
+                problems.append(f"{key}: {', '.join(wide)} listens on every interface")
+            if key == "head_start_ray_commands" and flags.get("--dashboard-host") != "127.0.0.1":
+                problems.append(f"{key}: --dashboard-host is {flags.get('--dashboard-host')!r}, not 127.0.0.1")
+    return problems
+
+
+@pytest.mark.parametrize("path", LAUNCHER_FILES, ids=lambda p: p.name)
+def test_launcher_config_turns_token_auth_on_and_keeps_the_dashboard_on_localhost(path):
+    config = _load(path)
+    assert security_problems(config) == []
+    head = next(c for c in config["head_start_ray_commands"] if "--head" in _start_command_flags(c, "start"))
+    assert _env_of_ray_start(head) == {"RAY_AUTH_MODE": "token"}
+
+
+def test_security_checker_catches_an_open_cluster(tmp_path):
+    text = (CLUSTERS / "gpu.yaml").read_text(encoding="utf-8")
+    for old, new in (("    export RAY_AUTH_MODE=token;\n", ""), ("--dashboard-host 127.0.0.1", "--dashboard-host 0.0.0.0"),
+                     ('  "~/.ray/auth_token": "~/.ray/auth_token"\n', ""), ("'export RAY_AUTH_MODE=token'\n", ""),
+                     ("export RAY_AUTH_MODE=token; ulimit", "ulimit")):
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    bad = yaml.safe_load(text)
+    assert security_problems(bad) == [
+        "file_mounts: no '~/.ray/auth_token': '~/.ray/auth_token' (every node needs the token of `ray get-auth-token`)",
+        "setup_commands: the nodes' environment does not export RAY_AUTH_MODE=token",
+        "head_start_ray_commands: `ray start` without RAY_AUTH_MODE=token",
+        "head_start_ray_commands: --dashboard-host listens on every interface",
+        "head_start_ray_commands: --dashboard-host is '0.0.0.0', not 127.0.0.1",
+        "worker_start_ray_commands: `ray start` without RAY_AUTH_MODE=token",
+    ]
+    # set after `ray start`, or for another command, it does not count
+    assert _env_of_ray_start("ray start --head; export RAY_AUTH_MODE=token") == {}
+    assert _env_of_ray_start("RAY_AUTH_MODE=token ray stop; ray start --head") == {}
+    assert _env_of_ray_start("RAY_AUTH_MODE=token ray start --head") == {"RAY_AUTH_MODE": "token"}
 
 
 @pytest.mark.parametrize("path", LAUNCHER_FILES, ids=lambda p: p.name)
@@ -482,7 +569,7 @@ def test_readme_cluster_section_lists_the_commands_in_order():
     section = _readme_section()
     lines = _code_lines(section)
     ray_lines = [line for line in lines if line.startswith("ray ")]
-    assert ray_lines and ray_lines[0] == "ray up clusters/gpu.yaml --yes"
+    assert ray_lines[:2] == ["ray get-auth-token --generate > /dev/null", "ray up clusters/gpu.yaml --yes"], ray_lines
     gpu = [i for i, line in enumerate(ray_lines) if "clusters/gpu.yaml" in line]
     assert ray_lines[gpu[-1]] == "ray down clusters/gpu.yaml --yes", "ray down comes after every other gpu.yaml command"
     joined = "\n".join(lines)
@@ -491,7 +578,8 @@ def test_readme_cluster_section_lists_the_commands_in_order():
                    "ray job submit --address http://127.0.0.1:8265 --working-dir . -- raysent tune "
                    "search_spaces/sgopt.yaml --address auto",
                    "--address ray://127.0.0.1:10001", "storage_path: s3://", "mlflow_uri:",
-                   "kubectl apply -f clusters/kuberay.yaml", "kubectl port-forward", "kubectl delete -f clusters/kuberay.yaml"):
+                   "kubectl apply -f clusters/kuberay.yaml", "kubectl port-forward", "kubectl delete -f clusters/kuberay.yaml",
+                   "chmod 600 ~/.ray/auth_token", "export RAY_AUTH_MODE=token"):
         assert needed in joined, f"README cluster section lacks {needed!r}"
     for needed in ("RAYSENT_DATA_DIR", "RAYSENT_MODEL_DIR", "MLFLOW_TRACKING_URI", "RAY_ADDRESS"):
         assert needed in section, f"README cluster section does not mention {needed}"
@@ -499,6 +587,26 @@ def test_readme_cluster_section_lists_the_commands_in_order():
         assert (REPO / name).is_file(), f"README names {name}, which does not exist"
     for name in set(re.findall(r"search_spaces/[\w.-]+\.yaml", section)):
         assert (REPO / name).is_file(), f"README names {name}, which does not exist"
+
+
+def test_docs_say_from_where_each_port_of_the_cluster_must_be_reachable():
+    """docs/cluster.md's port table names every port clusters/gpu.yaml starts Ray with, and Ray's worker port
+    range, and says who may reach each: the cluster's own nodes, or you through SSH."""
+    from ray.scripts.scripts import start
+
+    rows = dict(re.findall(r"^\| (\d[\d-]*) \| [^|]+ \| ([^|]+) \|$", _readme_section(), flags=re.M))
+    config = _load(CLUSTERS / "gpu.yaml")
+    ports = {value for key in ("head_start_ray_commands", "worker_start_ray_commands") for c in config[key]
+             for flag, value in _start_command_flags(c, "start").items() if flag.endswith("-port") and value}
+    assert ports == {"6379", "8076", "8265", "10001"}
+    defaults = {p.name: p.default for p in start.params}
+    workers = f"{defaults['min_worker_port']}-{defaults['max_worker_port']}"
+    assert set(rows) == ports | {"22", workers, "5000"}, rows
+    for port in ("6379", "8076", workers):
+        assert rows[port].strip() == "the cluster's nodes only"
+    assert rows["10001"].startswith("the cluster's nodes; your machine only through SSH")
+    assert rows["8265"].startswith("no other machine: your machine through SSH (`ray dashboard clusters/gpu.yaml`)")
+    assert rows["22"].startswith("your machine")
 
 
 def _nested_ray_invocations(line: str) -> list[list[str]]:

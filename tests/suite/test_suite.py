@@ -70,6 +70,11 @@ def test_suite_dry_run_cli():
     ("name: x\nexperiments: [{name: a, config: c.yaml, arms: [best]}]\n", "experiments.0.arms.0"),
     ("name: x\nexperiments: [{name: a, config: c.yaml}]\nsteps: 3\n", "steps"),
     ("name: x\nexperiments: [{name: a, config: c.yaml}, {name: a, config: d.yaml}]\n", "repeated: a"),
+    # a key given twice, at any depth, as in an experiment file
+    ("name: x\nexperiments: [{name: a, config: c.yaml}]\nname: y\n",
+     ":3: name: the key 'name' is given twice (first on line 1)"),
+    ("name: x\nexperiments:\n  - name: a\n    config: c.yaml\n    set: {train.lr: 1.0e-4, train.lr: 3.0e-4}\n",
+     ":5: experiments.0.set.train.lr: the key 'train.lr' is given twice"),
 ])
 def test_bad_suite_files_name_the_field(tmp_path, body, field):
     path = tmp_path / "bad.yaml"
@@ -77,6 +82,16 @@ def test_bad_suite_files_name_the_field(tmp_path, body, field):
     with pytest.raises(ConfigError) as exc:
         load_suite(path)
     assert str(path) in str(exc.value) and field in str(exc.value)
+
+
+def test_an_experiment_file_given_to_suite_is_named_and_the_command_shown(capsys, monkeypatch):
+    from raysent.cli import main
+
+    monkeypatch.chdir(REPO)
+    assert main(["suite", "search_spaces/quick.yaml", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("raysent: error: search_spaces/quick.yaml: is an experiment file") and "Traceback" not in err
+    assert "Run this experiment with: raysent tune search_spaces/quick.yaml" in err
 
 
 def test_unknown_entry_and_bad_override(tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -149,8 +150,10 @@ RESUME_SEARCH = """\
 """
 
 
-def interrupt_and_resume(ray_cluster, path: str, runs: Path, expected: int) -> dict:
-    """`raysent tune` Ctrl-C'd once its first trial is recorded, then `--resume`d; returns the summary."""
+def interrupt_and_resume(ray_cluster, path: str, runs: Path, expected: int, trial_per_record: bool = False) -> dict:
+    """`raysent tune` Ctrl-C'd once its first trial is recorded, then `--resume`d; returns the summary.
+    ``trial_per_record``: each trial is one run record (no scheduler, one seed each), so the line that says how
+    many trials had finished must count the records."""
     env = {**os.environ, "RAY_ADDRESS": ray_cluster}
     cmd = [sys.executable, "-m", "raysent.cli", "tune", path, "--quiet"]
     proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -162,6 +165,11 @@ def interrupt_and_resume(ray_cluster, path: str, runs: Path, expected: int) -> d
     before = len(list(runs.glob("search-*.json")))
     assert 1 <= before < expected, "the search was not interrupted midway"
     assert proc.returncode == 130 and "--resume" in err, err[-3000:]
+    said = re.search(r"interrupted after (\d+) of (\d+) trial\(s\) finished \((?:\d+ failed, )?"
+                     r"(?:\d+ stopped by the scheduler, )?(\d+) were running\)", err)
+    assert said, err[-3000:]
+    if trial_per_record:
+        assert (int(said[1]), int(said[2])) == (before, expected), said[0]
     assert not list(runs.glob("final-*.json"))  # an interrupted search is not summarised or followed
     done = run_cli(*cmd[3:], "--resume", "--format", "json", env=env, one_stream=True)
     return json_summary_last(done.stdout, before="Trial status")
@@ -172,7 +180,7 @@ def test_an_interrupted_search_resumes_with_no_trial_lost_or_repeated(ray_cluste
     # unstarted ones must count as missing, is interrupted and resumed in the ASHA test below
     path = experiment(tmp_path, "resumable", RESUME_SEARCH, "[1]", sts_sets="[stsb]")  # the search is the point
     runs = tmp_path / "results" / "resumable" / "runs"
-    summary = interrupt_and_resume(ray_cluster, path, runs, expected=4)
+    summary = interrupt_and_resume(ray_cluster, path, runs, expected=4, trial_per_record=True)
     records = [json.loads(p.read_text()) for p in runs.glob("search-*.json")]
     # 2 configurations x 2 seeds, each run exactly once
     assert len(records) == 4 and len({r["trial_id"] for r in records}) == 4
@@ -192,6 +200,7 @@ def test_an_interrupted_search_resumes_with_no_trial_lost_or_repeated(ray_cluste
     seed_runs = [r for r in mruns if r.data.tags.get("phase") == "search" and "seed" in r.data.tags]
     assert sorted(r.info.run_id for r in seed_runs) == sorted(r["mlflow_run_id"] for r in records)
     assert {r.info.status for r in mruns} == {"FINISHED"}
+    assert [r.data.tags["error"] for r in mruns if "error" in r.data.tags] == []  # not `interrupted` once resumed
     assert [r.info.run_name for r in mruns if "mlflow.parentRunId" not in r.data.tags][0].startswith("search-")
 
 
