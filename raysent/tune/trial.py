@@ -77,8 +77,15 @@ def quiet_exit(unraisable) -> None:
 
 
 def search_seed(cfg: ExperimentConfig, index: int) -> int:
-    """The i-th repeat of a configuration in the search: the i-th of ``seeds`` (then train.seed + i)."""
-    return cfg.seeds[index] if index < len(cfg.seeds) else cfg.train.seed + index
+    """The i-th repeat of a configuration in the search: the i-th of ``seeds``, then train.seed + i, skipping a
+    seed already taken (``seeds: [43]`` with train.seed 42 gives 43, 44: never one (configuration, seed) twice)."""
+    taken = list(dict.fromkeys(cfg.seeds))
+    i = len(taken)
+    while len(taken) <= index:
+        if cfg.train.seed + i not in taken:
+            taken.append(cfg.train.seed + i)
+        i += 1
+    return taken[index]
 
 
 def seeds_in_one_trial(cfg: ExperimentConfig) -> bool:

@@ -46,3 +46,17 @@ def test_the_summary_says_diverged_where_it_prints_the_numbers():
     assert "searched [DIVERGED 1/2]" in row and "10.00±1.00" in row
     assert "DIVERGED on seed(s) [2]" in text
     assert next(line for line in text.splitlines() if line.lstrip().startswith("paper ")).count("10.00±1.00") == 8  # 7 sets and Avg
+
+
+def test_the_seeds_of_a_searched_configuration_never_repeat():
+    """`seeds: [43]` with train.seed 42 and search.seeds 2 gave [43, 43]: one (configuration, seed) trained twice."""
+    from raysent.config import parse_config
+    from raysent.tune.trial import search_seeds
+
+    def seeds(listed, seed, n):
+        return search_seeds(parse_config({"name": "x", "method": "simcse-unsup", "model": {"name": "m"},
+                                          "seeds": listed, "train": {"seed": seed},
+                                          "search": {"seeds": n, "space": {"lr": {"type": "choice", "values": [1]}}}}))
+
+    assert seeds([43], 42, 2) == [43, 44]
+    assert seeds([1], 42, 2) == [1, 43] and seeds([1, 2, 3], 42, 5) == [1, 2, 3, 45, 46]  # as before
