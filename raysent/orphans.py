@@ -19,7 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-MARKERS = Path(tempfile.gettempdir()) / "raysent" / "local-ray"
+# not `<tmp>/raysent/`: a folder of that name in the current folder shadows an editable install of the package
+MARKERS = Path(tempfile.gettempdir()) / "raysent-local-ray"
 
 
 def _marker(pid: int) -> Path:
