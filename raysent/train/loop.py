@@ -232,8 +232,9 @@ def run_training(cfg: ExperimentConfig, method: Method, data: TokenizedData, dev
     stepper = Stepper(cfg, method, hooks, optimizer, scheduler)
     model, scaler = stepper.model, stepper.scaler
     if stepper.precision != t.precision:
-        hooks.log(f"NOTE: train.precision={t.precision} runs on CUDA only (fp16 needs a GradScaler; bf16 runs on "
-                  f"CPU and CUDA); this run trains in {stepper.precision} on {device.type} (recorded in the result)")
+        hooks.log(f"NOTE: train.precision={t.precision} is not available on {device.type} (bf16: CPU and CUDA; "
+                  f"fp16, with its GradScaler: CUDA only); this run trains in {stepper.precision} (precision: "
+                  f"{stepper.precision} in the result)")
 
     scratch = hooks.scratch_dir() if hooks.rank == 0 else None
     best_dir = (scratch / BEST_DIR) if scratch is not None else None

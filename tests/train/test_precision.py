@@ -186,4 +186,5 @@ def test_a_run_records_the_precision_it_trained_in(tiny_bert, tmp_path, capsys):
     assert summary.precision == "bf16" and summary.device == "cpu" and "NOTE" not in err
     summary, err = run("fp16")
     assert summary.precision == "fp32"
-    assert "NOTE: train.precision=fp16 runs on CUDA only" in err and "trains in fp32 on cpu" in err
+    assert "NOTE: train.precision=fp16 is not available on cpu" in err and "fp16, with its GradScaler: CUDA only" in err
+    assert "this run trains in fp32" in err
