@@ -83,7 +83,8 @@ class TrainConfig(Strict):
     eval_at_start: bool = Field(True, description="evaluate the untuned model at step 0")
     patience: int | None = Field(None, gt=0, description="stop after N evaluations without a new best")
     seed: int = 42
-    precision: Literal["fp32", "bf16", "fp16"] = Field("fp32", description="bf16/fp16 autocast on GPU")
+    precision: Literal["fp32", "bf16", "fp16"] = Field("fp32", description="autocast: bf16 on CPU and GPU; fp16 "
+                                                         "(with a gradient scaler) on GPU only, fp32 on a CPU")
     gather_negatives: bool = Field(True, description="all-gather embeddings so every worker's loss sees "
                                    "the global batch as negatives (false: local negatives only)")
     bucket_by_length: bool = Field(False, description="group sentences of similar length into the same batches "

@@ -102,7 +102,7 @@ def _method_case(spec: dict, scratch: str) -> dict:
         "fields_per_example": fields, "real_tokens_per_step": tokens / steps,
         "encoder_params_non_embedding": n_params,
         "peak_rss_mib": _peak_rss_mib(), "cuda_peak_mib": _cuda_peak_mib(torch),
-        "device": hooks.device.type, "precision": cfg.train.precision if stepper.use_amp else "fp32",
+        "device": hooks.device.type, "precision": stepper.precision,
         "threads": torch.get_num_threads(), "prepare": prepared, "prepare_seconds": prepare_seconds,
         "last_loss": loss, "data": info["source"],
     }

@@ -11,9 +11,22 @@ from torch import nn
 from torch.nn import functional as F
 
 
+def dot_matrix(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """[n, m] dot products between the rows of a [n, d] and b [m, d], in float32 under autocast too.
+
+    The losses divide similarities by τ (0.01-0.1): bf16 (8 significant bits) would round a logit near 20 to
+    steps of 0.125, near 100 to steps of 0.5; in bf16 a step's loss moved by up to 6.5e-3 of itself and a
+    gradient by up to 13 %, against 1.2e-3 and 1 % with these in float32 (docs/performance.md, "bf16 without a
+    GPU"). SimCSE's own ``nn.CosineSimilarity`` runs in float32 under CUDA autocast too; the matrix is b x B,
+    small beside the encoder."""
+    with torch.autocast(a.device.type, enabled=False):
+        return a.float() @ b.float().T
+
+
 def cosine_matrix(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """[n, m] cosine similarities between the rows of a [n, d] and b [m, d]."""
-    return nn.functional.normalize(a, dim=-1) @ nn.functional.normalize(b, dim=-1).T
+    """[n, m] cosine similarities between the rows of a [n, d] and b [m, d] (float32, as :func:`dot_matrix`)."""
+    with torch.autocast(a.device.type, enabled=False):
+        return dot_matrix(nn.functional.normalize(a.float(), dim=-1), nn.functional.normalize(b.float(), dim=-1))
 
 
 def nt_xent(a: torch.Tensor, b: torch.Tensor, temperature: float, gather=None, offset: int = 0) -> torch.Tensor:

@@ -37,6 +37,7 @@ from pydantic import Field
 from torch.nn import functional as F
 
 from raysent.methods.base import LossOutput
+from raysent.methods.losses import cosine_matrix, dot_matrix
 from raysent.methods.papers import SUPCON
 from raysent.methods.sbert_nli import SBERTNLI, SBERTNLIParams
 
@@ -61,9 +62,7 @@ def scl_loss(anchors: torch.Tensor, anchor_groups: torch.Tensor, cands: torch.Te
     Candidate k is a positive of anchor i iff ``cand_groups[k] == anchor_groups[i]`` and its label is
     entailment; every other candidate is a negative.
     """
-    if normalize:
-        anchors, cands = F.normalize(anchors, dim=-1), F.normalize(cands, dim=-1)
-    logits = anchors @ cands.T / temperature  # [a, m]
+    logits = (cosine_matrix if normalize else dot_matrix)(anchors, cands) / temperature  # [a, m]
     same = anchor_groups[:, None] == cand_groups[None, :]
     pos = same & (cand_labels[None, :] == ENTAILMENT)
     neg = ~pos

@@ -12,7 +12,9 @@ loss is the mean over its b rows, and (1/W)·Σ_w mean_w = mean over the W·b ro
 SimCSE's own trick (put the worker's tensor with grad back into a no-grad gather) drops the
 gradient of the other workers' losses through this worker's embeddings; it is not equal to the
 one-worker step, so it is not used here. All-reduce (not reduce-scatter) keeps it working on
-gloo. Torch only; no Ray.
+gloo. Under bf16 autocast (``train.precision``) the embeddings are gathered in the dtype they come
+in, bf16 or float32: gloo, like NCCL, all-gathers and all-reduces bf16 (2 workers in bf16 against one
+in fp32: tests/train/test_ray_train.py). Torch only; no Ray.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """The training loop: one function of (config, method, data, hooks) for every method.
 
 ``run_training`` is the whole loop: AdamW, linear schedule with warmup, gradient clipping,
-optional autocast, dev evaluation every ``train.eval_every`` steps (and at step 0 and at the end),
-the best model exported with ``save_pretrained`` whenever the dev score improves, patience,
-resumable checkpoints. It does not know whether it runs in this process (:class:`LocalHooks`)
-or on one of N Ray Train workers (raysent.train.ray_train.RayHooks): everything that differs (devices,
-gathering negatives across workers, where checkpoints go, how metrics are reported) goes through
-the ``hooks`` object.
+autocast (``train.precision``: bf16 on CPU and CUDA, fp16 on CUDA), dev evaluation every
+``train.eval_every`` steps (and at step 0 and at the end), the best model exported with
+``save_pretrained`` whenever the dev score improves, patience, resumable checkpoints. It does not
+know whether it runs in this process (:class:`TrainHooks`) or on one of N Ray Train workers
+(raysent.train.ray_train.RayHooks): everything that differs (devices, gathering negatives across
+workers, where checkpoints go, how metrics are reported) goes through the ``hooks`` object.
 
 A checkpoint is a folder with ``state.pt`` (model, optimizer, scheduler, step, the RNG states of
 every worker, the best dev score so far, the dev curve) and ``best/`` (the best model so far, an
@@ -152,9 +152,7 @@ def set_seed(seed: int, rank: int = 0) -> None:
     s = seed * 1000 + rank
     random.seed(s)
     np.random.seed(s % (2**32))
-    torch.manual_seed(s)
-    if torch.cuda.is_available():
-        torch.cuda.manual_seed_all(s)
+    torch.manual_seed(s)  # every device's generator, CUDA's included
 
 
 def rng_state() -> dict:
@@ -233,9 +231,10 @@ def run_training(cfg: ExperimentConfig, method: Method, data: TokenizedData, dev
     optimizer, scheduler = build_optimizer(cfg, method, total) if method.trains else (None, None)
     stepper = Stepper(cfg, method, hooks, optimizer, scheduler)
     model, scaler = stepper.model, stepper.scaler
-    if t.precision != "fp32" and device.type != "cuda":
-        hooks.log(f"NOTE: train.precision={t.precision} applies on GPU only; this run trains in fp32 on "
-                  f"{device.type} (recorded in the result)")
+    if stepper.precision != t.precision:
+        hooks.log(f"NOTE: train.precision={t.precision} is not available on {device.type} (bf16: CPU and CUDA; "
+                  f"fp16, with its GradScaler: CUDA only); this run trains in {stepper.precision} (precision: "
+                  f"{stepper.precision} in the result)")
 
     scratch = hooks.scratch_dir() if hooks.rank == 0 else None
     best_dir = (scratch / BEST_DIR) if scratch is not None else None
@@ -393,7 +392,7 @@ def run_training(cfg: ExperimentConfig, method: Method, data: TokenizedData, dev
         workers=world,
         device=device.type,
         torch_threads=torch.get_num_threads(),
-        precision=t.precision if stepper.use_amp else "fp32",
+        precision=stepper.precision,
         prepare=prepared,
         phases={k: round(v, 3) for k, v in phases.items()},
         best_model_dir=str(best_dir) if hooks.rank == 0 else None,
@@ -405,6 +404,28 @@ def run_training(cfg: ExperimentConfig, method: Method, data: TokenizedData, dev
     final.pop("step", None)
     hooks.finish({"step": state.step, **final}, summary)
     return summary
+
+
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def used_precision(precision: str, device_type: str) -> str:
+    """What ``train.precision`` trains in on a device: bf16 wherever torch autocasts (CPU and CUDA run the same
+    code: tests/train/test_precision.py), fp16 on CUDA only, fp32 otherwise (logged, and recorded in the run).
+
+    fp16 stays on CUDA: it needs loss scaling (GradScaler), and what it is for (the fp16 tensor cores of GPUs
+    without bf16) a CPU does not have; bf16 keeps fp32's exponent and needs no scaling."""
+    if precision == "bf16" and torch.amp.is_autocast_available(device_type):
+        return "bf16"
+    if precision == "fp16" and device_type == "cuda":
+        return "fp16"
+    return "fp32"
+
+
+def autocast(precision: str, device: torch.device):
+    """The autocast context every forward pass of a step runs in, for ``train.precision`` on ``device``."""
+    used = used_precision(precision, device.type)
+    return torch.autocast(device.type, dtype=AMP_DTYPES.get(used, torch.bfloat16), enabled=used != "fp32")
 
 
 class Stepper:
@@ -425,13 +446,14 @@ class Stepper:
         if self.grad_cache and not method.supports_grad_cache:
             raise RaysentError(f"train.grad_cache_rows: method {method.name} does not support gradient caching")
         self.model = hooks.wrap(method, ddp=not self.grad_cache)
-        self.use_amp = self.device.type == "cuda" and t.precision != "fp32"
-        self.amp_dtype = torch.bfloat16 if t.precision == "bf16" else torch.float16
-        self.scaler = torch.amp.GradScaler("cuda") if (self.use_amp and t.precision == "fp16") else None
+        self.train_precision = t.precision
+        self.precision = used_precision(t.precision, self.device.type)  # what the run records
+        # CUDA only (docs/performance.md, "bf16 without a GPU"): fp16 needs loss scaling, bf16 does not
+        self.scaler = torch.amp.GradScaler("cuda") if self.precision == "fp16" else None
 
     def autocast(self):
         """Mixed precision around the forward passes only (backward runs outside it, as PyTorch advises)."""
-        return torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.use_amp)
+        return autocast(self.train_precision, self.device)
 
     def step(self, batch: dict, step: int) -> float:
         """Train on one collated batch; returns its loss."""

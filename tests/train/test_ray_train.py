@@ -1,6 +1,6 @@
-"""Ray Train on 2 CPU workers (gloo): one step equals one worker's step on the global batch, a
-dying worker is replaced and the run resumes exactly, and `raysent train` on 2 workers improves
-a raw encoder."""
+"""Ray Train on 2 CPU workers (gloo): one step equals one worker's step on the global batch (in fp32, and in
+bf16 against fp32), a dying worker is replaced and the run resumes exactly, and `raysent train` on 2 workers
+improves a raw encoder."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import torch
 
 from raysent.config import load_config, parse_config, with_overrides
 from raysent.data.batching import local_part
+from raysent.methods import Gatherer
 from raysent.train.records import TrainSummary
 
 from conftest import RAW_BERT, json_summary_last, run_cli
@@ -33,6 +34,14 @@ CASES = [
     ("sg-opt", "sts-unlabeled", {"loss": "opt3"}, {}),
     ("simcse-unsup", "sts-unlabeled", {"pooling": "cls_mlp_train"}, {"grad_cache_rows": 3}),
 ]
+# the same steps in bf16 (train.precision), global negatives only: the embeddings are gathered in bf16 as they are
+# (gloo all-gathers and all-reduces bf16), the gradient cache's two passes run under autocast
+BF16_CASES = [
+    ("simcse-unsup", "sts-unlabeled", {"pooling": "cls_mlp_train"}, {"precision": "bf16"}),
+    ("simcse-sup", "nli-triplets", {"hard_negative_weight": 0.5}, {"precision": "bf16"}),
+    ("sg-opt", "sts-unlabeled", {"loss": "opt3"}, {"precision": "bf16"}),
+    ("simcse-unsup", "sts-unlabeled", {"pooling": "cls_mlp_train"}, {"grad_cache_rows": 3, "precision": "bf16"}),
+]
 GLOBAL_ROWS = 8
 
 
@@ -44,10 +53,28 @@ def case_config(method: str, data: str, params: dict, gather: bool = True, train
     })
 
 
-def one_step(cfg, rank: int = 0, world: int = 1, hooks=None) -> tuple[float, dict]:
+class DtypeRecorder(Gatherer):
+    """A gatherer that notes the dtype of every tensor gathered with gradient."""
+
+    def __init__(self, inner: Gatherer):
+        self.inner, self.rank, self.world_size = inner, inner.rank, inner.world_size
+        self.dtypes: list[torch.dtype] = []
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        self.dtypes.append(x.dtype)
+        return self.inner(x)
+
+    def gather_nograd(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner.gather_nograd(x)
+
+
+def one_step(cfg, rank: int = 0, world: int = 1, hooks=None, gathered: list | None = None) -> tuple[float, dict]:
     """Loss and gradients of one step on rows 0..GLOBAL_ROWS-1 (this worker's share of them), through
-    the loop's forward and backward (and its gradient cache when the config asks for one)."""
-    from raysent.train.loop import forward_backward
+    the loop's forward and backward (and its gradient cache when the config asks for one), under the
+    autocast of ``train.precision``; ``gathered`` collects the dtypes the workers gathered."""
+    import functools
+
+    from raysent.train.loop import autocast, forward_backward
     from raysent.train.run import build_method, prepare_data
 
     torch.manual_seed(0)  # same heads on every side (DDP also broadcasts rank 0's weights)
@@ -56,11 +83,15 @@ def one_step(cfg, rank: int = 0, world: int = 1, hooks=None) -> tuple[float, dic
     model = method
     cache = cfg.train.grad_cache_rows
     if hooks is not None:
-        method.set_gatherer(hooks.gatherer())
+        gatherer = DtypeRecorder(hooks.gatherer())
+        method.set_gatherer(gatherer)
         model = hooks.wrap(method, ddp=not cache)
     model.train()
     batch = data.collate(local_part(np.arange(GLOBAL_ROWS), rank, world))
-    loss = forward_backward(model, method, batch, grad_cache=cache)
+    loss = forward_backward(model, method, batch, grad_cache=cache,
+                            autocast=functools.partial(autocast, cfg.train.precision, torch.device("cpu")))
+    if hooks is not None and gathered is not None:
+        gathered.extend(gatherer.dtypes)
     if hooks is not None and cache:
         hooks.sync_gradients(method)
     grads = {n: p.grad.detach().clone() for n, p in method.named_parameters() if p.grad is not None}
@@ -81,19 +112,31 @@ def _worker(config: dict) -> None:
             cfg = case_config(method, data, params, gather, train)
             loss, grads = one_step(cfg, rank, world, RayHooks(cfg))
             out[(method, gather, str(train))] = (loss, grads if rank == 0 else None)
+    for method, data, params, train in BF16_CASES:
+        cfg = case_config(method, data, params, True, train)
+        gathered: list = []
+        loss, grads = one_step(cfg, rank, world, RayHooks(cfg), gathered)
+        out[(method, True, str(train))] = (loss, grads if rank == 0 else None, gathered)
     torch.save(out, os.path.join(config["dir"], f"rank{rank}.pt"))
 
 
-def test_two_workers_equal_one_worker_on_the_global_batch(ray_cluster, tmp_path):
+@pytest.fixture(scope="module")
+def two_worker_steps(ray_cluster, tmp_path_factory) -> list[dict]:
+    """Every case's step on 2 Ray Train workers (one TorchTrainer for all): per rank, its results by case."""
     import ray.cloudpickle
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
+    tmp_path = tmp_path_factory.mktemp("equiv")
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     TorchTrainer(_worker, train_loop_config={"dir": str(tmp_path)}, torch_config=TorchConfig(backend="gloo"),
                  scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5}),
                  run_config=RunConfig(name="equiv", storage_path=str(tmp_path / "ray"))).fit()
-    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+
+
+def test_two_workers_equal_one_worker_on_the_global_batch(two_worker_steps):
+    ranks = two_worker_steps
     for method, data, params, train in CASES:
         key = str(train)
         label = f"{method} {train or ''}"
@@ -118,6 +161,24 @@ def _assert_grads_equal(got: dict, want: dict, label: str) -> None:
     assert len(want) > 20, label
     for name in want:
         torch.testing.assert_close(got[name], want[name], atol=1e-5, rtol=1e-4, msg=f"{label}: {name}")
+
+
+def test_two_workers_in_bf16_equal_one_worker_in_fp32(two_worker_steps):
+    """Autocast, the all-gather of bf16 embeddings over gloo (with its gradient, all-reduced in bf16) and DDP's
+    averaging: the mean loss and rank 0's gradients equal the fp32 one-worker step on the global batch to bf16's
+    precision (the tolerances of tests/train/test_precision.py)."""
+    from test_precision import assert_close_in_bf16
+
+    ranks = two_worker_steps
+    for method, data, params, train in BF16_CASES:
+        label = f"{method} {train}"
+        ref_loss, ref_grads = one_step(case_config(method, data, params))
+        results = [ranks[r][(method, True, str(train))] for r in range(2)]
+        for _, _, gathered in results:  # every worker gathered bf16 tensors (the embeddings, as computed)
+            assert gathered and set(gathered) == {torch.bfloat16}, f"{label}: {gathered}"
+        loss = float(np.mean([res[0] for res in results]))
+        assert loss != ref_loss, label
+        assert_close_in_bf16(label, loss, results[0][1], ref_loss, ref_grads)
 
 
 CONFIG = f"""\
