@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from raysent.config import load_config, with_overrides
-from raysent.tune.search import tune_experiment
+from raysent.tune.driver import tune_experiment
 
 ROOT = Path("results/early-stopping")
 

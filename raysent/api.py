@@ -32,6 +32,7 @@ if TYPE_CHECKING:  # pandas and the records load with the functions that return 
     import pandas as pd
 
     from raysent.train.records import RunRecord, TrainSummary
+    from raysent.tune.state import Summary
 
 ConfigLike = str | Path | Mapping[str, Any] | ExperimentConfig
 
@@ -67,7 +68,7 @@ class SearchResult:
     best_model_path: Path | None  # the winner's final run with the best dev score: a sentence-transformers folder
     registered_model: str | None  # ``models:/<name>/<version>`` when the model was registered
     results_dir: Path
-    summary: dict[str, Any] = field(repr=False)  # summary.json, as `raysent tune --format json` prints it
+    summary: Summary = field(repr=False)  # summary.json: what `raysent tune` prints
 
     def load(self) -> SentenceEncoder:
         """The best model, ready to ``encode``."""
@@ -82,51 +83,52 @@ def search(config: ConfigLike, overrides: Mapping[str, Any] | None = None, *, re
     write results/ and MLflow. ``resume`` continues an interrupted search (or only logs its outcome again);
     ``final_only`` runs the configuration as given on every seed. Raises
     :class:`~raysent.tune.publish.PublishError` when the search finished but MLflow did not take its outcome."""
-    from raysent.tune.search import tune_experiment
+    from raysent.tune.driver import tune_experiment
 
     cfg = resolve_config(config, overrides)
     if address:
         cfg = with_overrides(cfg, {"resources.address": address})
     summary = tune_experiment(cfg, resume=resume, final_only=final_only, quiet=quiet, source=_source(config))
     result = search_result(summary)
-    if summary.get("publish_error"):
+    if summary.publish_error:
         from raysent.tune.publish import PublishError
 
-        error = PublishError(summary["publish_error"])
+        error = PublishError(summary.publish_error)
         error.result = result
         raise error
     return result
 
 
-def search_result(summary: dict) -> SearchResult:
+def search_result(summary: Summary) -> SearchResult:
     """The :class:`SearchResult` of a finished search's summary (summary.json)."""
+    import pandas as pd
+
     from raysent.train.records import read_record
     from raysent.tune.publish import best_final, final_records, search_table
 
-    exp = Path(summary["results"])
-    run = summary["search"]
-    best = summary.get("best") or {}
+    exp = Path(summary.results)
+    run = summary.search
+    best = summary.best
     typed = [read_record(p) for p in sorted((exp / "runs").glob(f"*-{run}-*.json"))]
-    cid = best.get("config_id")
-    finals = final_records(exp, run, cid) if cid else []
+    finals = final_records(exp, run, best.config_id) if best else []
     chosen = best_final(finals) if finals else None
-    published = summary.get("published") or {}
-    import pandas as pd
-
-    table = (search_table(exp, run, cid, (summary.get("vs_paper") or {}).get("paper"),
-                          summary.get("warm_source") or "paper").numbers() if finals else pd.DataFrame())
+    published = summary.published
+    table = (search_table(exp, run, best.config_id if best else None,
+                          summary.vs_paper.paper if summary.vs_paper else None,
+                          summary.warm_source or "paper").numbers() if finals else pd.DataFrame())
     return SearchResult(
-        experiment=summary["experiment"], search=run, best_hp=dict(best.get("hp") or {}), table=table,
-        records=typed, mlflow_run_id=published.get("parent_run_id") or _parent(exp),
-        best_model_path=Path(chosen["best_model_dir"]) if chosen and chosen.get("best_model_dir") else None,
-        registered_model=(published.get("registered") or {}).get("uri"), results_dir=exp, summary=summary)
+        experiment=summary.experiment, search=run, best_hp=dict(best.hp) if best else {}, table=table,
+        records=typed, mlflow_run_id=(published.parent_run_id if published else None) or _parent(exp),
+        best_model_path=Path(chosen.best_model_dir) if chosen and chosen.best_model_dir else None,
+        registered_model=published.registered.uri if published and published.registered else None,
+        results_dir=exp, summary=summary)
 
 
 def _parent(exp: Path) -> str | None:
-    import json
+    from raysent.tune.state import SearchState
 
-    state = exp / "state.json"
-    return json.loads(state.read_text()).get("parent_run_id") if state.is_file() else None
+    state = SearchState.load(exp)
+    return state.parent_run_id if state else None
 
 
 # --------------------------------------------------------------------------- fit

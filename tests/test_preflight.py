@@ -152,7 +152,7 @@ def test_a_search_whose_first_trials_fail_alike_stops_with_that_error(ray_cluste
 
     from raysent.config import parse_config
     from raysent.errors import RaysentError
-    from raysent.tune.search import tune_experiment
+    from raysent.tune.driver import tune_experiment
 
     cfg = parse_config({
         "name": "ff", "method": "simcse-unsup", "model": {"name": RAW_BERT},

@@ -35,11 +35,11 @@ def test_the_documented_example_runs_as_shown(ray_cluster, tmp_path, monkeypatch
     # the result: the winner, its table, every record typed, MLflow's parent run and registered model
     assert result.best_hp["lr"] in (1e-4, 3e-4)
     assert all(isinstance(r, RunRecord) for r in result.records)
-    assert sorted((r.phase, r.seed) for r in result.records if r.config_id == result.summary["best"]["config_id"]) \
+    assert sorted((r.phase, r.seed) for r in result.records if r.config_id == result.summary.best.config_id) \
         == [("final", 1), ("final", 2), ("search", 1)]
     winner = result.table[result.table["row"].str.contains("searched best")]
     assert len(winner) == 1
-    assert winner["stsb_mean"].iloc[0] == pytest.approx(result.summary["final"]["scores"]["sts/stsb"]["mean"])
+    assert winner["stsb_mean"].iloc[0] == pytest.approx(result.summary.final.scores["sts/stsb"].mean)
     assert result.mlflow_run_id and result.registered_model == "models:/notebook-demo/1"
     assert result.best_model_path.is_dir() and (result.best_model_path / "README.md").is_file()
 

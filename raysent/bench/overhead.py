@@ -6,13 +6,13 @@ The same run (config, seed, steps, dev evaluations, checkpoints, result.json) fo
 * ``ray_train``: :func:`raysent.train.ray_train.train_with_ray` with one Ray Train worker (the
   controller and worker processes are started, import torch and load the model: all counted);
 * ``tune_trial``: Ray Tune trials whose function trainable launches that TorchTrainer, exactly as a
-  `raysent tune` trial with ``resources.workers: 1`` does (:func:`raysent.tune.search.train_trial`);
+  `raysent tune` trial with ``resources.workers: 1`` does (:func:`raysent.tune.trial.train_trial`);
 * ``tune_in_trial``: Ray Tune trials that train in the trial's own process, as a `raysent tune` trial
   with ``resources.workers: null`` does.
 
 The two Tune ways run ``trials`` trials one after another in one Tuner, as a search does, with the
 search's Tune settings: trials that train in their own process run in the process of the trial before
-(Tune's ``reuse_actors``, :func:`raysent.tune.search.reuse_trial_processes`), trials that run Ray Train
+(Tune's ``reuse_actors``, :func:`raysent.tune.driver.reuse_trial_processes`), trials that run Ray Train
 each start a new one; the later trials are what each of a search's hundreds of trials costs. Starting Ray
 itself (``ray.init``) happens once per search and is reported apart. The overhead of a way is its wall
 time over the bare run's, minus one. Where the time goes on the Ray Train worker (start, model, data,
@@ -115,7 +115,8 @@ def _tune_trials(cfg, trials: int, trial_cpus: float, root: Path) -> list[float]
 
     from raysent.config import with_overrides
     from raysent.train.ray_train import worker_env
-    from raysent.tune.search import reuse_trial_processes, train_trial
+    from raysent.tune.driver import reuse_trial_processes
+    from raysent.tune.trial import train_trial
 
     env = worker_env()  # absolute paths: a trial runs in its own folder, as do its Ray Train workers
 

@@ -43,7 +43,7 @@ def run(args) -> int:
         return 0
     if args.dry_run:
         from raysent.preflight import preflight
-        from raysent.tune.suite import rough_estimate
+        from raysent.tune.cost import rough_estimate
 
         report = {"checked": preflight(cfg, output_dir=True), "estimate": rough_estimate(cfg, searched=False)}
         print(json.dumps(report, indent=2, default=str) if args.format == "json" else yaml_dump(report))

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
 from raysent.cli.common import EPILOG, disconnect_ray, parse_set, stdout_for, yaml_dump
 from raysent.config import with_overrides
 from raysent.errors import RaysentError
+
+if TYPE_CHECKING:
+    from raysent.tune.state import Summary
 
 
 def register(sub) -> None:
@@ -49,10 +53,11 @@ def run(args) -> int:
         cfg = with_overrides(cfg, {"resources.address": args.address})
     if args.dry_run:
         from raysent.preflight import preflight
-        from raysent.tune.search import plan
-        from raysent.tune.suite import rough_estimate
+        from raysent.tune.cost import rough_estimate
+        from raysent.tune.driver import experiment_dir
+        from raysent.tune.plan import dry_run
 
-        p = {**plan(cfg, final_only=args.final_only),
+        p = {**dry_run(cfg, experiment_dir(cfg), final_only=args.final_only).to_dict(),
              "estimate": rough_estimate(cfg, searched=not args.final_only and cfg.search is not None)}
         try:  # the same checks as a real run makes before its first trial
             p["checked"] = preflight(cfg, mlflow=True)
@@ -79,7 +84,7 @@ def run(args) -> int:
     return 0
 
 
-def _print(summary: dict, fmt: str) -> None:
-    from raysent.tune.search import format_summary
+def _print(summary: Summary, fmt: str) -> None:
+    from raysent.report.summary import format_summary
 
-    print(json.dumps(summary, indent=2, default=str) if fmt == "json" else format_summary(summary))
+    print(json.dumps(summary.model_dump(mode="json"), indent=2) if fmt == "json" else format_summary(summary))

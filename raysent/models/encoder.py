@@ -348,7 +348,7 @@ class Encoder(nn.Module):
         trained = self.pooler_mlp()  # the [CLS] MLP as it was just written into the pooler
         layout = write_sentence_transformers(
             path, infer, self.hidden_size, self.num_layers, max_length, drop_pooler=drop_pooler,
-            dense=cast(nn.Linear, trained[0]) if infer == "cls" and trained is not None else None,
+            dense=cast(nn.Linear, cast(nn.Sequential, trained)[0]) if infer == "cls" and trained is not None else None,
             head=mlp if infer == "layeratt" else None)
         meta = {"pooling": infer, "saved_by": "raysent", "has_trained_pooler": self.has_trained_pooler,
                 "sentence_transformers": {"modules": layout.modules, "needs_raysent": layout.needs_raysent,

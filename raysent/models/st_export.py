@@ -169,7 +169,7 @@ def write_sentence_transformers(path: str | Path, pooling: str, hidden: int, num
     _write_json(path / "config_sentence_transformers.json", {
         "__version__": _versions(), "model_type": "SentenceTransformer", "prompts": {"query": "", "document": ""},
         "default_prompt_name": None, "similarity_fn_name": "cosine"})
-    return Layout(modules=[m["type"] for m in index], needs_raysent=pooling in CUSTOM_POOLINGS)
+    return Layout(modules=[str(m["type"]) for m in index], needs_raysent=pooling in CUSTOM_POOLINGS)
 
 
 def _versions() -> dict[str, str]:

@@ -54,14 +54,15 @@ class RaysentPooling(Module):
     @classmethod
     def load(cls, model_name_or_path: str, subfolder: str = "", token: bool | str | None = None,
              cache_folder: str | None = None, revision: str | None = None, local_files_only: bool = False,
-             **kwargs) -> RaysentPooling:
-        hub = {"subfolder": subfolder, "token": token, "cache_folder": cache_folder, "revision": revision,
-               "local_files_only": local_files_only}
-        module = cls(**cls.load_config(model_name_or_path, **hub))
+             init_defaults: dict[str, Any] | None = None, **kwargs) -> RaysentPooling:
+        module = cls(**cls.load_config(model_name_or_path, subfolder=subfolder, token=token, cache_folder=cache_folder,
+                                       revision=revision, local_files_only=local_files_only))
         if module.head is not None:
             from safetensors.torch import load_file
 
-            weights = cls.load_file_path(model_name_or_path, "model.safetensors", **hub)
+            weights = cls.load_file_path(model_name_or_path, "model.safetensors", subfolder=subfolder, token=token,
+                                         cache_folder=cache_folder, revision=revision,
+                                         local_files_only=local_files_only)
             if weights is None:
                 raise FileNotFoundError(f"{model_name_or_path}/{subfolder}: the layeratt pooler's model.safetensors "
                                         "is missing")

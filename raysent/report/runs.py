@@ -125,7 +125,7 @@ class Run:
         """The seeds this run's configuration was meant to run on (None: not derivable from the file).
 
         Final phase: ``config.seeds``. Search phase: the first ``search.seeds`` of ``config.seeds``
-        (raysent.tune.search.search_seed; beyond that list the seeds depend on the base train.seed,
+        (raysent.tune.trial.search_seed; beyond that list the seeds depend on the base train.seed,
         which a search run file no longer holds).
         """
         seeds = self.config.get("seeds")

@@ -78,6 +78,11 @@ class RunRecord(BaseModel):
     # tracking
     mlflow_run_id: str | None = None
 
+    @property
+    def filename(self) -> str:
+        """Its file under results/<experiment>/runs/: ``<phase>-<search>-<config_id>-seed<seed>.json``."""
+        return f"{self.phase}-{self.search}-{self.config_id}-seed{self.seed}.json"
+
     def to_json(self) -> dict:
         """The record as plain data for ``json.dump`` (NaN scores stay NaN, as the loop reported them)."""
         return self.model_dump()

@@ -133,9 +133,12 @@ def train_once(cfg: ExperimentConfig, hooks: TrainHooks, fail_at_step: int | Non
 
 
 def train_in_process(cfg: ExperimentConfig, resume: bool = False, quiet: bool = False,
-                     fail_at_step: int | None = None, hooks: type[TrainHooks] = TrainHooks) -> TrainSummary:
+                     fail_at_step: int | None = None,
+                     hooks: Callable[..., TrainHooks] = TrainHooks) -> TrainSummary:
     """Every stage of a run with the loop in this process (`raysent train` without resources.workers, and a
-    Tune trial that trains in its own process, with ``hooks`` that report to Tune); results in output_dir."""
+    Tune trial that trains in its own process, with ``hooks`` that report to Tune: the hooks' class, or a
+    ``functools.partial`` of it holding the trial's own objects, called as ``hooks(output_dir, resume=, quiet=)``
+    for each stage); results in output_dir."""
 
     def train_one(stage_cfg: ExperimentConfig) -> TrainSummary:
         out = stage_cfg.output_dir()

@@ -37,6 +37,9 @@ from typing import Any
 
 from raysent.config import ExperimentConfig, hyperparameters, with_overrides
 from raysent.errors import RaysentError
+from raysent.train.records import RunRecord
+from raysent.tune.state import LoggedModel, Published, PublishedModel, Registered, SearchState
+from raysent.tune.trial import MlflowTarget
 
 MODEL_ARTIFACT = "model"
 EXPERIMENT_TAG = "raysent.experiment"  # on a registered model: the experiment whose versions it holds
@@ -55,11 +58,10 @@ def registered_name(cfg: ExperimentConfig) -> str:
     return cfg.tracking.registered_model or experiment_name(cfg)
 
 
-def final_records(exp: Path, run: str, cid: str) -> list[dict]:
-    from raysent.train.records import read_record
+def final_records(exp: Path, run: str, cid: str) -> list[RunRecord]:
+    from raysent.tune.best import records
 
-    return [read_record(p).model_dump(exclude_unset=True)
-            for p in sorted((exp / "runs").glob(f"final-{run}-{cid}-seed*.json"))]
+    return [r for r in records(exp, "final", run) if r.config_id == cid]
 
 
 ARM_LABELS = {"paper": "paper's setting", "file": "the file's setting"}  # the warm-start arm, by its values' source
@@ -83,85 +85,88 @@ def search_table(exp: Path, run: str, best_cid: str | None = None, paper_cid: st
     return table
 
 
-def results_markdown(table, state: dict) -> str:
+def state_table(exp: Path, state: SearchState):
+    """The table of a search as its state names the arms."""
+    return search_table(exp, state.run, state.best.config_id if state.best else None,
+                        state.vs_paper.paper if state.vs_paper else None, state.warm_source or "paper")
+
+
+def results_markdown(table, state: SearchState) -> str:
     """The card's and the registry's results section: the table, and the paired difference to the paper."""
     lines = ["## Results", "", table.to_markdown().strip()]
-    avg = ((state.get("vs_paper") or {}).get("tasks") or {}).get("avg") or {}
-    if avg.get("diff_mean") is not None:
+    avg = state.vs_paper.tasks.get("avg") if state.vs_paper else None
+    if avg and avg.get("diff_mean") is not None:
         p = " ".join(f"{name} p {v:.3g}" for name, v in (("paired t-test", avg.get("t_p")),
                                                           ("Wilcoxon", avg.get("wilcoxon_p"))) if v is not None)
-        lines += ["", f"Searched − {ARM_LABELS[state.get('warm_source') or 'paper']}, Avg: {avg['diff_mean']:+.2f}"
+        lines += ["", f"Searched − {ARM_LABELS[state.warm_source or 'paper']}, Avg: {avg['diff_mean']:+.2f}"
                   + (f" ± {avg['diff_std']:.2f}" if avg.get("diff_std") is not None else "")
                   + f" over {avg['n']} paired seeds" + (f"; {p}" if p else "") + "."]
     return "\n".join(lines)
 
 
-def outcome_metrics(state: dict) -> dict[str, float]:
+def outcome_metrics(state: SearchState) -> dict[str, float]:
     """The parent run's metrics: ``sts/<set>_mean|_std`` of the winner, ``paper/…`` of the warm-start arm
     (``file/…`` when the file set its values: :func:`raysent.tune.space.warm_source`),
     ``delta/sts/<set>`` (± ``_std``), ``p_ttest/…`` and ``p_wilcoxon/…`` of their paired difference, and the
     winner's ``best_dev_spearman_mean|_std`` over the search's seeds."""
     out: dict[str, float] = {}
-    warm = f"{state.get('warm_source') or 'paper'}/"
-    for prefix, arm in (("", state.get("final")), (warm, state.get("paper"))):
-        for k, v in ((arm or {}).get("scores") or {}).items():
-            out[f"{prefix}{k}_mean"] = v["mean"]
-            out[f"{prefix}{k}_std"] = v["std"]
-    for col, d in ((state.get("vs_paper") or {}).get("tasks") or {}).items():
+    warm = f"{state.warm_source or 'paper'}/"
+    for prefix, arm in (("", state.final), (warm, state.paper)):
+        for k, v in (arm.scores if arm else {}).items():
+            out[f"{prefix}{k}_mean"] = v.mean
+            out[f"{prefix}{k}_std"] = v.std
+    for col, d in (state.vs_paper.tasks if state.vs_paper else {}).items():
         key = "best_dev_spearman" if col == "dev" else f"sts/{col}"
         stats = {f"delta/{key}": d.get("diff_mean"), f"delta/{key}_std": d.get("diff_std"),
                  f"p_ttest/{key}": d.get("t_p"), f"p_wilcoxon/{key}": d.get("wilcoxon_p")}
         out.update({k: float(v) for k, v in stats.items() if v is not None})
-    best = state.get("best") or {}
-    if best.get("dev_mean") is not None:
-        out["best_dev_spearman_mean"] = float(best["dev_mean"])
-        out["best_dev_spearman_std"] = float(best.get("dev_std") or 0.0)
+    if state.best is not None and state.best.dev_mean is not None:
+        out["best_dev_spearman_mean"] = float(state.best.dev_mean)
+        out["best_dev_spearman_std"] = float(state.best.dev_std)
     return out
 
 
-def best_final(recs: list[dict]) -> dict:
+def best_final(recs: list[RunRecord]) -> RunRecord:
     """The final run whose model is logged: the best dev score (the first seed on a tie)."""
-    return max(recs, key=lambda r: (r["best_dev_spearman"], -r["seed"]))
+    return max(recs, key=lambda r: (r.best_dev_spearman, -r.seed))
 
 
-def _artifacts(exp: Path, run: str, plots: list[Path]) -> list[tuple[Path, str | None]]:
-    files = [(exp / f"summary.{ext}", None) for ext in ("md", "csv", "tex", "json")]
+def _artifacts(exp: Path, plots: list[Path]) -> list[tuple[Path, str | None]]:
+    files: list[tuple[Path, str | None]] = [(exp / f"summary.{ext}", None) for ext in ("md", "csv", "tex", "json")]
     files += [(exp / "best.yaml", None), (exp / "optuna.db", None)]
     files += [(p, "plots") for p in plots]
     return [(f, d) for f, d in files if f.is_file()]
 
 
-def publish(cfg: ExperimentConfig, exp: Path, state: dict, mlflow: dict | None, say, save=lambda: None) -> dict:
+def publish(cfg: ExperimentConfig, exp: Path, state: SearchState, mlflow: MlflowTarget | None, say,
+            save=lambda: None) -> Published:
     """Steps 1-4 of the module docstring; returns what was published (kept in the state and the summary).
     A model logged or registered is noted in ``state`` at once (``save`` writes it): a publish run again after a
     failure does not log or register it twice."""
     from raysent.methods.card import write_card
     from raysent.report.plots import plot_experiment
 
-    run = state["run"]
-    best = state.get("best") or {}
-    cid = best.get("config_id")
-    recs = final_records(exp, run, cid) if cid else []
-    out: dict[str, Any] = {"files": [], "cards": []}
+    out = Published()
+    recs = final_records(exp, state.run, state.best.config_id) if state.best else []
     if not recs:
         return out
     chosen = best_final(recs)
-    out["best_model_dir"] = chosen.get("best_model_dir")
+    out.best_model_dir = chosen.best_model_dir
     for r in (recs if cfg.tracking.log_model == "all" else [chosen]):  # models trained on other nodes come here
-        folder = Path(r.get("best_model_dir") or "")
-        if not folder.is_dir() and r.get("node"):
-            fetch_folder(r["node"], folder)
-    table = search_table(exp, run, cid, (state.get("vs_paper") or {}).get("paper"), state.get("warm_source") or "paper")
-    out["files"] = [str(p.relative_to(exp)) for p in table.write(exp / "summary")]
-    plots, _ = plot_experiment(exp.name, exp.parent, search=run)
+        folder = Path(r.best_model_dir or "")
+        if not folder.is_dir() and r.node:
+            fetch_folder(r.node, folder)
+    table = state_table(exp, state)
+    out.files = [str(p.relative_to(exp)) for p in table.write(exp / "summary")]
+    plots, _ = plot_experiment(exp.name, exp.parent, search=state.run)
     section = results_markdown(table, state)
     for r in recs:
-        folder = Path(r.get("best_model_dir") or "")
+        folder = Path(r.best_model_dir or "")
         if (folder / "raysent.json").is_file():
-            out["cards"].append(str(write_card(folder, results=section)))
-    if mlflow is None or not state.get("parent_run_id"):
+            out.cards.append(str(write_card(folder, results=section)))
+    if mlflow is None or not state.parent_run_id:
         return out
-    out.update(_to_mlflow(cfg, exp, state, mlflow, recs, section, plots, say, save))
+    _to_mlflow(cfg, exp, state, mlflow, recs, section, plots, say, save, out)
     return out
 
 
@@ -172,60 +177,57 @@ def _fail(what: str, exc: BaseException, fix: str) -> PublishError:
                         "outcome to MLflow again, without training")
 
 
-def _to_mlflow(cfg: ExperimentConfig, exp: Path, state: dict, mlflow: dict, recs: list[dict], section: str,
-               plots: list[Path], say, save) -> dict:
+def _to_mlflow(cfg: ExperimentConfig, exp: Path, state: SearchState, mlflow: MlflowTarget, recs: list[RunRecord],
+               section: str, plots: list[Path], say, save, out: Published) -> None:
     from mlflow.entities import Metric, Param, RunTag
 
     from raysent.tracking import client, redact
 
-    uri, parent = mlflow["uri"], state["parent_run_id"]
+    uri, parent = mlflow.uri, str(state.parent_run_id)
     c = client(uri)
-    best = state["best"]
-    best_cfg = with_overrides(cfg, best["hp"]) if best.get("hp") else cfg
+    best = state.best
+    assert best is not None
+    best_cfg = with_overrides(cfg, best.hp) if best.hp else cfg
     now = int(time.time() * 1000)
     params = {**{k: v for k, v in hyperparameters(best_cfg).items() if k != "seed"},
-              "seeds": json.dumps(sorted(r["seed"] for r in recs)),
-              "searched": json.dumps(sorted(best.get("hp") or {}))}
+              "seeds": json.dumps(sorted(r.seed for r in recs)), "searched": json.dumps(sorted(best.hp))}
     try:
         logged = c.get_run(parent).data.params  # a resumed publish: MLflow params are written once
         new = [Param(k, _text(v)) for k, v in sorted(params.items()) if k not in logged]
         c.log_batch(parent, metrics=[Metric(k, v, now, 0) for k, v in outcome_metrics(state).items()],
-                    params=new, tags=[RunTag("mlflow.note.content", section),
-                                      RunTag("best_config_id", best["config_id"])])
+                    params=new, tags=[RunTag("mlflow.note.content", section), RunTag("best_config_id", best.config_id)])
     except Exception as exc:
         raise _fail(f"MLflow ({redact(uri)}) did not take the search's outcome (run {parent})", exc,
                     "Check that the tracking store is reachable and writable.") from None
     try:
-        for path, folder in _artifacts(exp, state["run"], plots):
+        for path, folder in _artifacts(exp, plots):
             c.log_artifact(parent, str(path), folder)
     except Exception as exc:
         where = c.get_run(parent).info.artifact_uri
         raise _fail(f"MLflow could not store the search's files in the parent run's artifact store {where}", exc,
                     "Make that folder writable (or set tracking.mlflow_uri to a store you can write).") from None
-    out: dict[str, Any] = {"parent_run_id": parent}
+    out.parent_run_id = parent
     mode = cfg.tracking.log_model
     if mode == "none":
-        return out
+        return
     chosen = best_final(recs)
-    logged = state.setdefault("logged_models", {})  # seed -> {uri, megabytes, seconds}, as they are logged
     for r in (recs if mode == "all" else [chosen]):
-        if str(r["seed"]) not in logged:
+        if str(r.seed) not in state.logged_models:
             started = time.perf_counter()
-            logged[str(r["seed"])] = {**log_model(uri, r, cfg), "seconds": time.perf_counter() - started}
+            uri_mb = log_model(uri, r, cfg)
+            state.logged_models[str(r.seed)] = LoggedModel(**uri_mb, seconds=time.perf_counter() - started)
             save()
-    mine = logged[str(chosen["seed"])]
-    out["model"] = {"seed": chosen["seed"], "run_id": chosen.get("mlflow_run_id"), "path": chosen["best_model_dir"],
-                    "uri": mine["uri"], "seconds": sum(m["seconds"] for m in logged.values()),
-                    "megabytes": sum(m["megabytes"] for m in logged.values())}
-    if not state.get("registered"):
-        state["registered"] = register(cfg, c, uri, mine["uri"], recs, chosen, section, state)
+    mine = state.logged_models[str(chosen.seed)]
+    out.model = PublishedModel(seed=chosen.seed, run_id=chosen.mlflow_run_id, path=chosen.best_model_dir,
+                               uri=mine.uri, seconds=sum(m.seconds for m in state.logged_models.values()),
+                               megabytes=sum(m.megabytes for m in state.logged_models.values()))
+    if state.registered is None:
+        state.registered = register(cfg, uri, mine.uri, recs, chosen, section, state)
         save()
-    out["registered"] = state["registered"]
-    c.set_tag(parent, "registered_model", f"{out['registered']['name']}/{out['registered']['version']}")
-    say(f"MLflow: model of seed {chosen['seed']} logged ({out['model']['megabytes']:.1f} MB, "
-        f"{out['model']['seconds']:.1f} s) and registered as {out['registered']['name']} version "
-        f"{out['registered']['version']}")
-    return out
+    out.registered = state.registered
+    c.set_tag(parent, "registered_model", f"{out.registered.name}/{out.registered.version}")
+    say(f"MLflow: model of seed {chosen.seed} logged ({out.model.megabytes:.1f} MB, {out.model.seconds:.1f} s) and "
+        f"registered as {out.registered.name} version {out.registered.version}")
 
 
 def _text(v: Any) -> str:
@@ -236,7 +238,7 @@ def _folder_mb(folder: Path) -> float:
     return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) / 2**20
 
 
-def log_model(uri: str, record: dict, cfg: ExperimentConfig) -> dict:
+def log_model(uri: str, record: RunRecord, cfg: ExperimentConfig) -> dict:
     """Log one final run's best model (its folder) into that run with the sentence_transformers flavour."""
     import importlib.metadata
 
@@ -246,16 +248,16 @@ def log_model(uri: str, record: dict, cfg: ExperimentConfig) -> dict:
 
     from raysent.tracking import fluent, redact
 
-    folder = Path(record.get("best_model_dir") or "")
-    run_id = record.get("mlflow_run_id")
-    if not folder.is_dir() and record.get("node"):
-        fetch_folder(record["node"], folder)  # trained on another node: its disk holds the model
+    folder = Path(record.best_model_dir or "")
+    run_id = record.mlflow_run_id
+    if not folder.is_dir() and record.node:
+        fetch_folder(record.node, folder)  # trained on another node: its disk holds the model
     if not (folder / "modules.json").is_file():
-        raise PublishError(f"the best model of seed {record['seed']} ({folder}) is not on this machine, nor on the "
+        raise PublishError(f"the best model of seed {record.seed} ({folder}) is not on this machine, nor on the "
                            f"node it trained on, or is not a sentence-transformers folder; set tracking.log_model: "
                            "none to publish the rest")
     if not run_id:
-        raise PublishError(f"seed {record['seed']}'s record has no MLflow run to log its model into")
+        raise PublishError(f"seed {record.seed}'s record has no MLflow run to log its model into")
     meta = json.loads((folder / "raysent.json").read_text())
     needs_raysent = bool((meta.get("sentence_transformers") or {}).get("needs_raysent"))
     try:
@@ -276,9 +278,9 @@ def log_model(uri: str, record: dict, cfg: ExperimentConfig) -> dict:
             info = mlflow.sentence_transformers.log_model(
                 model, name=MODEL_ARTIFACT, pip_requirements=requirements, code_paths=code,
                 metadata={"raysent_pooling": meta.get("pooling"), "raysent_method": meta.get("method"),
-                          "seed": record["seed"], "needs_raysent": needs_raysent})
+                          "seed": record.seed, "needs_raysent": needs_raysent})
     except Exception as exc:
-        raise _fail(f"MLflow ({redact(uri)}) did not store the model of seed {record['seed']} (run {run_id})", exc,
+        raise _fail(f"MLflow ({redact(uri)}) did not store the model of seed {record.seed} (run {run_id})", exc,
                     "Check that the tracking store and its artifact store are reachable and writable.") from None
     return {"uri": info.model_uri, "megabytes": _folder_mb(folder)}
 
@@ -309,24 +311,24 @@ def _torch_version() -> str:
     return torch.__version__.split("+")[0]
 
 
-def register(cfg: ExperimentConfig, c, uri: str, model_uri: str, recs: list[dict], chosen: dict, section: str,
-             state: dict) -> dict:
+def register(cfg: ExperimentConfig, uri: str, model_uri: str, recs: list[RunRecord], chosen: RunRecord,
+             section: str, state: SearchState) -> Registered:
     """A new version of the registered model, described by the table and tagged with the outcome."""
+    from mlflow.tracking import MlflowClient
+
     from raysent.tracking import experiment_name, fluent, redact
 
     name = registered_name(cfg)
     exp_name = experiment_name(cfg)
     registry = cfg.tracking.registry_uri or os.environ.get("MLFLOW_REGISTRY_URI") or uri
-    from mlflow.tracking import MlflowClient
-
     reg = MlflowClient(tracking_uri=uri, registry_uri=registry)
-    avg = ((state.get("final") or {}).get("scores") or {}).get("sts/avg") or {}
-    tags = {"method": cfg.method, "seeds": json.dumps(sorted(r["seed"] for r in recs)),
-            "sts/avg_mean": f"{avg.get('mean', float('nan')):.4f}",
-            "sts/avg_std": f"{avg.get('std', float('nan')):.4f}",
-            "transductive": str(any(bool(r.get("transductive")) for r in recs)).lower(),
-            "experiment": exp_name, "search": state["run"], "seed": str(chosen["seed"]),
-            "config_id": state["best"]["config_id"]}
+    avg = state.final.scores.get("sts/avg") if state.final else None
+    tags = {"method": cfg.method, "seeds": json.dumps(sorted(r.seed for r in recs)),
+            "sts/avg_mean": f"{avg.mean if avg else float('nan'):.4f}",
+            "sts/avg_std": f"{avg.std if avg else float('nan'):.4f}",
+            "transductive": str(any(bool(r.transductive) for r in recs)).lower(),
+            "experiment": exp_name, "search": state.run, "seed": str(chosen.seed),
+            "config_id": chosen.config_id}
     try:
         check_registered_name(reg, name, exp_name)
         try:
@@ -336,14 +338,14 @@ def register(cfg: ExperimentConfig, c, uri: str, model_uri: str, recs: list[dict
             if "already exists" not in str(exc) and "RESOURCE_ALREADY_EXISTS" not in str(exc):
                 raise
         with fluent(uri):  # MLflow resolves a logged model's `models:/m-…` URI through the fluent tracking URI
-            version = reg.create_model_version(name, model_uri, run_id=chosen.get("mlflow_run_id"), tags=tags,
+            version = reg.create_model_version(name, model_uri, run_id=chosen.mlflow_run_id, tags=tags,
                                                description=section)
     except PublishError:
         raise
     except Exception as exc:
         raise _fail(f"the MLflow model registry ({redact(registry)}) did not register {name!r}", exc,
                     "Check that the registry is reachable (tracking.registry_uri, MLFLOW_REGISTRY_URI).") from None
-    return {"name": name, "version": str(version.version), "uri": f"models:/{name}/{version.version}"}
+    return Registered(name=name, version=str(version.version), uri=f"models:/{name}/{version.version}")
 
 
 def check_registered_name(reg, name: str, exp_name: str) -> None:

@@ -28,6 +28,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -35,12 +36,16 @@ import numpy as np
 from raysent.config import ExperimentConfig
 from raysent.train.loop import TrainHooks, rng_state, set_rng_state
 from raysent.train.records import RunRecord, TrainSummary, read_record
+from raysent.train.run import train_in_process
 from raysent.tune.trial import (
+    RECORD_KEY,
     TrialContext,
     build_record,
     drop_checkpoints,
     open_live_run,
+    prepare_process,
     record_path,
+    reported,
     resolve_trial,
     save_record,
     search_seeds,
@@ -99,7 +104,7 @@ class SeedRun:
     latest: dict | None = None  # its newest evaluation's metrics
     fresh: bool = False  # it reported an evaluation in the turn that just ended
     summary: TrainSummary | None = None
-    record: dict | None = None  # written (now, or before the search was interrupted)
+    record: RunRecord | None = None  # written (now, or before the search was interrupted)
     error: BaseException | None = None
     done: bool = False
     live: Any = None  # its raysent.tracking.LiveRun
@@ -109,8 +114,9 @@ class SeedRun:
 class SeedHooks(TrainHooks):
     """One seed's loop: checkpoints in its folder, metrics to its MLflow run, then the next seed's turn."""
 
-    run: SeedRun
-    baton: Baton
+    def __init__(self, output_dir, resume: bool = False, quiet: bool = False, *, run: SeedRun, baton: Baton):
+        super().__init__(output_dir, resume=resume, quiet=quiet)
+        self.run, self.baton = run, baton
 
     def report(self, metrics: dict, checkpoint_dir) -> None:
         super().report(metrics, checkpoint_dir)
@@ -131,13 +137,10 @@ class SeedHooks(TrainHooks):
 
 def _train(run: SeedRun, baton: Baton, ctx: TrialContext) -> None:
     """A seed's thread: wait for its first turn, train every stage (resumed where a checkpoint exists)."""
-    from raysent.train.run import train_in_process
-
     try:
         baton.wait_turn(run.seed)
         run.live = open_live_run(ctx, run.cfg, run.identity)
-        hooks = type("SeedHooks", (SeedHooks,), {"run": run, "baton": baton})
-        run.summary = train_in_process(run.cfg, resume=True, quiet=True, hooks=hooks)
+        run.summary = train_in_process(run.cfg, resume=True, quiet=True, hooks=partial(SeedHooks, run=run, baton=baton))
     except Abandoned:
         if run.live is not None:
             run.live.fail("interrupted", "KILLED")
@@ -182,12 +185,23 @@ def round_result(runs: list[SeedRun]) -> dict:
             SEED_POINTS: json.dumps({str(r.seed): _point(r.latest) for r in runs if r.latest}), "finished": False}
 
 
-def _existing(run: SeedRun, ctx: TrialContext) -> dict | None:
+def _existing(run: SeedRun, ctx: TrialContext) -> RunRecord | None:
     path = record_path(ctx, RunRecord.model_construct(**run.identity, search=ctx.run))
-    return read_record(path).to_json() if path.is_file() else None
+    return read_record(path) if path.is_file() else None
 
 
-def run_seed_group(config: dict, ctx: TrialContext, trial_id: str) -> list[dict]:
+def run_seeds(config: dict, ctx: TrialContext) -> None:
+    """The Tune trial of a configuration whose seeds train in turns: report their mean after every round, then
+    their records (in the last result, as :func:`raysent.tune.trial.run_trial` sends one)."""
+    from ray import tune
+
+    prepare_process(ctx)
+    records = run_seed_group(config, ctx, tune.get_context().get_trial_id())
+    tune.report({**seed_mean([reported(r, ctx.metric) for r in records]), "seeds": len(records), "finished": True,
+                 RECORD_KEY: json.dumps([r.to_json() for r in records], default=str)})
+
+
+def run_seed_group(config: dict, ctx: TrialContext, trial_id: str) -> list[RunRecord]:
     """Train every seed of the trial's configuration in turns, reporting the seed mean to Tune after each
     round; returns the seeds' run records (written, each with its MLflow run ended)."""
     from ray import tune
@@ -201,9 +215,9 @@ def run_seed_group(config: dict, ctx: TrialContext, trial_id: str) -> list[dict]
         run = SeedRun(seed, hp, cfg, trial_identity(ctx, hp, seed, trial_id))
         run.record = _existing(run, ctx)  # --resume: finished before the search was interrupted
         if run.record is not None:
-            run.done, run.latest = True, {**(run.record["dev_curve"] or [{}])[-1],
-                                          "best_dev_spearman": run.record["best_dev_spearman"],
-                                          "best_step": run.record["best_step"]}
+            last = run.record.dev_curve[-1].model_dump() if run.record.dev_curve else {}
+            run.done, run.latest = True, {**last, "best_dev_spearman": run.record.best_dev_spearman,
+                                          "best_step": run.record.best_step}
         runs.append(run)
     baton = Baton()
     threads = [threading.Thread(target=_train, args=(r, baton, ctx), name=f"seed-{r.seed}", daemon=True)
@@ -230,7 +244,7 @@ def run_seed_group(config: dict, ctx: TrialContext, trial_id: str) -> list[dict]
             baton.abandon()
             for t in threads:
                 t.join(JOIN_SECONDS)
-    records = []
+    records: list[RunRecord] = []
     for r in runs:
         if r.record is None:
             record = build_record(ctx, r.cfg, r.hp, r.seed, trial_id, **training_fields(r.summary),

@@ -1,6 +1,6 @@
 """The record of a trial the scheduler stops (ASHA): written on the driver, from what the trial reported.
 
-A trial ASHA stops never returns from :func:`raysent.tune.search.run_trial`: Tune ends its training
+A trial ASHA stops never returns from :func:`raysent.tune.trial.run_trial`: Tune ends its training
 thread at its next report (``sys.exit`` inside ``tune.report``), or ends its process. Without this its
 dev curve would be only in Tune's state, with no run file and no MLflow run. :class:`StoppedTrials`
 keeps each trial's reported evaluations and, when Tune completes a trial that reported evaluations but

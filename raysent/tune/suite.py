@@ -24,7 +24,6 @@ on the machine the suite was written for.
 from __future__ import annotations
 
 import json
-import math
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -33,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from raysent.config import ExperimentConfig, load_config, parse_config, read_yaml, with_overrides
 from raysent.errors import ConfigError, Interrupted, RaysentError
+from raysent.tune.cost import Estimate, estimate_seconds
 
 ARMS = ("paper", "searched")
 
@@ -49,22 +49,6 @@ class SuiteEntry(_Strict):
                                   "(null removes one)")
     arms: list[Literal["paper", "searched"]] = Field(default_factory=lambda: list(ARMS))
     label: str | None = Field(None, description="the row's name in the tables (default: the entry's name)")
-
-
-class Estimate(_Strict):
-    device: str = Field("cpu", description="what the costs were measured on")
-    step_seconds: dict[str, float] = Field(default_factory=lambda: {"default": 1.0},
-                                           description="seconds per optimizer step, by method (and 'default')")
-    dev_eval_seconds: float = 3.0
-    test_eval_seconds: float = 20.0
-    run_overhead_seconds: float = 5.0
-    phase_overhead_seconds: float = Field(15.0,
-                                          description="starting a search or a final phase (Tune, trial processes)")
-    train_sizes: dict[str, int] = Field(default_factory=dict, description="training examples of data specs whose "
-                                        "size is not known here (for runs given in epochs)")
-    reference_batch: int = Field(64, description="the batch size step_seconds were measured at")
-    reference_length: int = Field(32, description="the max length step_seconds were measured at (a step costs in "
-                                  "proportion to batch x max length)")
 
 
 class SuiteConfig(_Strict):
@@ -137,79 +121,6 @@ def arms(suite: SuiteConfig, base: Path,
             for a in e.arms]
 
 
-# --------------------------------------------------------------------------- the estimate
-def run_steps(cfg: ExperimentConfig, est: Estimate) -> int:
-    """Optimizer steps of one run (every stage): max_steps, else epochs over the training data."""
-    from raysent.methods import get_method
-
-    method = get_method(cfg.method)
-    if not getattr(method, "trains", True):
-        return 0
-    t = cfg.train
-    params = cfg.params
-    stages = 2 if params.get("supervision") in ("sup-unsup", "joint-unsup") else 1
-    if t.max_steps:
-        return t.max_steps * stages
-    total = 0
-    for stage in range(stages):
-        spec = (cfg.data.sup if stage == 0 and stages == 2 else cfg.data.train) or next(
-            iter(method.data_defaults.values()), None)
-        n = cfg.data.max_train_samples or est.train_sizes.get(spec) or _local_size(spec)
-        epochs = params.get("sup_epochs", 1) if stage == 0 and stages == 2 else t.epochs
-        total += epochs * math.ceil(n / t.batch_size)
-    return total
-
-
-def _local_size(spec: str | None) -> int:
-    if spec is None:
-        raise ConfigError("a run given in epochs needs its training data's size: add it to estimate.train_sizes")
-    from raysent.data.datasets import load
-
-    try:
-        return len(load(spec))
-    except RaysentError:
-        raise ConfigError(f"training data {spec!r} is not available here, so its size is unknown: add it to the "
-                          "suite's estimate.train_sizes") from None
-
-
-def estimate_seconds(cfg: ExperimentConfig, arm: str, est: Estimate) -> dict:
-    """Runs and seconds of one arm by the suite's cost model."""
-    steps = run_steps(cfg, est)
-    per_step = est.step_seconds.get(cfg.method, est.step_seconds.get("default", 1.0))
-    per_step *= cfg.train.batch_size * cfg.train.max_length / (est.reference_batch * est.reference_length)
-    evals = (steps // cfg.train.eval_every + 2) if steps else 1
-    train = steps * per_step + evals * est.dev_eval_seconds + est.run_overhead_seconds
-    final = len(cfg.seeds)
-    search = trials = 0
-    if arm == "searched":
-        from raysent.tune.search import search_runs, search_trials
-
-        search, trials = search_runs(cfg), search_trials(cfg)
-    conc = max(1, cfg.search.max_concurrent_trials if cfg.search else 1)
-    run_seconds = search * train + final * (train + est.test_eval_seconds)
-    # trials run in rounds of `conc` (a last, partial round leaves workers idle); a trial that trains its
-    # configuration's seeds in turns takes search / trials runs' time
-    wall = (math.ceil(trials / conc) * train * (search // max(trials, 1))
-            + math.ceil(final / conc) * (train + est.test_eval_seconds)
-            + est.phase_overhead_seconds * (2 if search else 1))
-    r = cfg.resources
-    gpus = (r.workers or 1) * r.gpus_per_worker
-    return {"search_runs": search, "final_runs": final, "steps_per_run": steps, "seconds": wall,
-            "gpu_seconds": run_seconds * gpus}
-
-
-def rough_estimate(cfg: ExperimentConfig, searched: bool) -> dict[str, Any]:
-    """Wall time by the suite's default cost model (``raysent.tune.suite.Estimate``): a rough figure, say so."""
-    try:
-        e = estimate_seconds(cfg, "searched" if searched else "paper", Estimate())
-    except RaysentError as exc:
-        return {"unknown": str(exc)}
-    return {"optimizer steps per run": e["steps_per_run"], "runs": e["search_runs"] + e["final_runs"],
-            "wall minutes": round(e["seconds"] / 60, 1),
-            "model": "1 s per step at batch 64 × length 32 (CPU), scaled by batch × length; a suite file's "
-                     "`estimate` calibrates it"}
-
-
 # --------------------------------------------------------------------------- what a run reads
 def sources(cfg: ExperimentConfig) -> dict[str, str]:
     """Every model and data split an experiment reads, and where from: a local path, or the hub (a download)."""
@@ -253,12 +164,13 @@ def sources(cfg: ExperimentConfig) -> dict[str, str]:
 # --------------------------------------------------------------------------- running
 def status(cfg: ExperimentConfig) -> str:
     """'done', 'started' or 'new' for one arm's experiment folder."""
-    from raysent.tune.search import STATE_FILE, experiment_dir
+    from raysent.tune.driver import experiment_dir
+    from raysent.tune.state import SearchState
 
-    state_file = experiment_dir(cfg) / STATE_FILE
-    if not state_file.is_file():
+    state = SearchState.load(experiment_dir(cfg))
+    if state is None:
         return "new"
-    return "done" if json.loads(state_file.read_text()).get("phase") == "done" else "started"
+    return "done" if state.phase == "done" else "started"
 
 
 def plan(path: str | Path, only: list[str] | None = None) -> dict:
@@ -288,7 +200,7 @@ def plan(path: str | Path, only: list[str] | None = None) -> dict:
 
 def run_suite(path: str | Path, resume: bool = False, only: list[str] | None = None, say=print) -> dict:
     """Every arm in order (finished ones skipped with ``resume``), then the table and the comparisons."""
-    from raysent.tune.search import experiment_dir, tune_experiment
+    from raysent.tune.driver import experiment_dir, tune_experiment
 
     path = Path(path)
     suite = load_suite(path)

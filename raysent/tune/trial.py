@@ -1,21 +1,35 @@
-"""One trial of a search or of its final phase: what it is told (:class:`TrialContext`), the run it
-resolves to, the record it leaves and the checkpoints it drops. Shared by the trial itself
-(:func:`raysent.tune.search.run_trial`) and by the driver, which records the trials a scheduler stops
-(:mod:`raysent.tune.stopped`)."""
+"""One trial of a search or of its final phase, as it runs in the trial's process (:func:`run_trial`).
+
+What it is told (:class:`TrialContext`), the run it resolves to (a configuration and a seed), the training
+(in the trial's process, or on Ray Train workers) with its live MLflow run, the final phase's test
+evaluation, the record it leaves (:class:`~raysent.train.records.RunRecord`, written here and sent to the
+driver in the trial's last result) and the checkpoints it drops. The driver uses the record helpers too, to
+record the trials a scheduler stops (:mod:`raysent.tune.stopped`). Ray, Tune and MLflow are imported inside
+the functions that run in the trial (the driver imports this module before Ray starts).
+"""
 
 from __future__ import annotations
 
+import json
+import math
+import os
 import sys
+import time
+from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
 from raysent.config import ExperimentConfig, hyperparameters, parse_config, with_overrides
 from raysent.io import write_json_atomic
 from raysent.train.loop import TrainHooks
-from raysent.train.records import RunRecord, TrainSummary, diverged, learned
+from raysent.train.records import RunRecord, TrainSummary, diverged, learned, read_record
+from raysent.train.run import train_in_process, train_stages
 from raysent.tune.space import config_id, decode
+
+if TYPE_CHECKING:
+    from raysent.tracking import LiveRun
 
 RECORD_KEY = "raysent_record"  # the result key a finished trial sends its record in (see run_trial)
 STOPPED_DIR = "stopped"
@@ -53,16 +67,18 @@ class TrialContext(BaseModel):
 
 class TuneHooks(TrainHooks):
     """The loop in the trial's own process: checkpoints in the run's folder, metrics to Tune and to the
-    trial's live MLflow run (``live``, set by the trial before it trains)."""
+    trial's live MLflow run (``live``)."""
 
-    live = None  # raysent.tracking.LiveRun of the trial this process runs now
+    def __init__(self, output_dir, resume: bool = False, quiet: bool = False, live: LiveRun | None = None):
+        super().__init__(output_dir, resume=resume, quiet=quiet)
+        self.live = live
 
     def report(self, metrics: dict, checkpoint_dir) -> None:
         from ray import tune
 
         super().report(metrics, checkpoint_dir)
-        if TuneHooks.live is not None and "step" in metrics:
-            TuneHooks.live.log(metrics, metrics["step"])
+        if self.live is not None and "step" in metrics:
+            self.live.log(metrics, metrics["step"])
         tune.report({k: v for k, v in metrics.items() if isinstance(v, (int, float, bool))})
 
 
@@ -179,17 +195,16 @@ def build_record(ctx: TrialContext, cfg: ExperimentConfig, hp: dict, seed: int, 
 
 
 def record_path(ctx: TrialContext, record: RunRecord, stopped: bool = False) -> Path:
-    """``runs/<phase>-<search>-<config>-seed<seed>.json``; a stopped trial's in ``stopped/``, with its trial id."""
-    name = f"{record.phase}-{record.search}-{record.config_id}-seed{record.seed}"
+    """``runs/<record.filename>``; a stopped trial's in ``stopped/``, with its trial id."""
     if stopped:
-        return Path(ctx.exp_dir) / STOPPED_DIR / f"{name}-{record.trial_id}.json"
-    return Path(ctx.exp_dir) / "runs" / f"{name}.json"
+        return Path(ctx.exp_dir) / STOPPED_DIR / f"{Path(record.filename).stem}-{record.trial_id}.json"
+    return Path(ctx.exp_dir) / "runs" / record.filename
 
 
 LIVE_RUN_FILE = "mlflow_run_id"  # in a trial's output folder: the id of its live MLflow run
 
 
-def open_live_run(ctx: TrialContext, cfg: ExperimentConfig, identity: dict):
+def open_live_run(ctx: TrialContext, cfg: ExperimentConfig, identity: dict) -> LiveRun | None:
     """The trial's MLflow run, opened (or, for a trial resumed from its checkpoint, reopened) before it
     trains; None without tracking."""
     from raysent.tracking import LiveRun
@@ -215,22 +230,22 @@ def on_driver_node(ctx: TrialContext) -> bool:
     return ctx.driver_node is None or this_node() in (None, ctx.driver_node)
 
 
-def save_record(path: Path, record: RunRecord, cfg: ExperimentConfig, ctx: TrialContext, live=None,
-                **mlflow_run) -> dict:
+def save_record(path: Path, record: RunRecord, cfg: ExperimentConfig, ctx: TrialContext,
+                live: LiveRun | None = None, **mlflow_run) -> RunRecord:
     """Write the run record (atomic), end its MLflow run (``live``, else one written at once;
     ``mlflow_run``: status, tags) and write it again with the run's id: the record is on disk even when
     MLflow fails. Returns the record as written."""
     from raysent.tracking import log_training_run
 
-    data = record.to_json()
-    write_json_atomic(path, data)
+    write_json_atomic(path, record.to_json())
     m = ctx.mlflow
     if m:
-        data["mlflow_run_id"] = (live.finish(cfg, data, artifacts=on_driver_node(ctx), **mlflow_run)
-                                 if live is not None else
-                                 log_training_run(m.uri, m.experiment_id, cfg, data, m.parent, **mlflow_run))
-        write_json_atomic(path, data)
-    return data
+        data = record.to_json()
+        run_id = (live.finish(cfg, data, artifacts=on_driver_node(ctx), **mlflow_run) if live is not None else
+                  log_training_run(m.uri, m.experiment_id, cfg, data, m.parent, **mlflow_run))
+        record = record.model_copy(update={"mlflow_run_id": run_id})
+        write_json_atomic(path, record.to_json())
+    return record
 
 
 def drop_checkpoints(cfg: ExperimentConfig) -> None:
@@ -241,3 +256,98 @@ def drop_checkpoints(cfg: ExperimentConfig) -> None:
         from raysent.train.ray_train import delete_checkpoints
 
         delete_checkpoints(cfg)
+
+
+# --------------------------------------------------------------------------- the trial
+def prepare_process(ctx: TrialContext) -> None:
+    """What a trial's process does before its trial: hand back the memory the trial before it freed (Tune reuses
+    the process, reuse_trial_processes), end quietly when Ray ends it, and take the driver's data folders."""
+    from raysent.train.memory import release_freed_memory
+
+    release_freed_memory()
+    sys.unraisablehook = quiet_exit
+    for key, value in ctx.env.items():
+        if key not in os.environ or os.path.exists(value):
+            os.environ[key] = value
+
+
+def run_trial(config: dict, ctx: TrialContext) -> None:
+    """One (configuration, seed): train, evaluate (final phase: test sets), record, report to Tune (the record
+    travels in the last result: on a cluster this trial may run on another node, whose disk the driver cannot
+    read). A configuration whose seeds train in turns has its own trial: :func:`raysent.tune.seeds.run_seeds`."""
+    from ray import tune
+
+    prepare_process(ctx)
+    trial_id = tune.get_context().get_trial_id()
+    hp, seed, _, cfg = resolve_trial(config, ctx, trial_id)
+    identity = trial_identity(ctx, hp, seed, trial_id)
+    done = record_path(ctx, RunRecord.model_construct(**identity, search=ctx.run))
+    # a record written before the search was interrupted (or by an earlier trial of the same configuration and
+    # seed): the run is not trained, nor logged, twice
+    record = read_record(done) if done.is_file() else train_and_record(cfg, ctx, hp, seed, trial_id, identity)
+    tune.report({**reported(record, ctx.metric), "seed": seed, "finished": True,
+                 RECORD_KEY: json.dumps(record.to_json(), default=str),
+                 **{k: v for k, v in record.scores.items() if isinstance(v, float)}})
+
+
+def reported(record: RunRecord, metric: str) -> dict[str, float]:
+    """What a finished run tells the searcher: its best dev score, or ``metric`` at its last evaluation."""
+    if metric == "best_dev_spearman":
+        return {metric: record.best_dev_spearman}
+    last = record.dev_curve[-1].model_dump() if record.dev_curve else {}
+    return {metric: float(last.get(metric, math.nan))}
+
+
+def train_and_record(cfg: ExperimentConfig, ctx: TrialContext, hp: dict, seed: int, trial_id: str,
+                     identity: dict) -> RunRecord:
+    """Train one trial's run with its MLflow run live, evaluate it (final phase), write its record."""
+    started = time.time()
+    live = open_live_run(ctx, cfg, identity)
+    try:
+        summary = train_trial(cfg, live)
+        final: dict[str, Any] = {}
+        if ctx.phase == "final":
+            final["eval"] = evaluate_final(cfg, str(summary.best_model_dir))
+            final["scores"] = final["eval"]["metrics"]
+    except BaseException as exc:
+        if live is not None:
+            # KeyboardInterrupt / SystemExit: Ctrl-C, or Tune ending the trial; the search's end decides
+            failed = isinstance(exc, Exception)
+            live.fail(f"{type(exc).__name__}: {exc}" if failed else "interrupted", "FAILED" if failed else "KILLED")
+        raise
+    record = build_record(ctx, cfg, hp, seed, trial_id, **training_fields(summary), **final,
+                          wall_seconds=time.time() - started, finished_at=time.time())
+    record = save_record(record_path(ctx, record), record, cfg, ctx, live=live)
+    drop_checkpoints(cfg)  # before the last report, after which Tune may end this process
+    return record
+
+
+def train_trial(cfg: ExperimentConfig, live: LiveRun | None = None) -> TrainSummary:
+    """Every stage of one trial's run, resumed where a checkpoint exists: on Ray Train workers
+    (``resources.workers``; Train's metrics forwarded to Tune and to the live MLflow run) or in the trial's
+    own process."""
+    if cfg.resources.workers:
+        from ray.tune.integration.ray_train import TuneReportCallback
+
+        from raysent.train.ray_train import train_one_with_ray
+        from raysent.tune.live import MlflowReportCallback
+
+        callbacks = [TuneReportCallback(), *([MlflowReportCallback(live)] if live is not None else [])]
+        return train_stages(cfg, lambda c: train_one_with_ray(c, resume=True, quiet=True, callbacks=callbacks),
+                            resume=True, log=lambda m: None)
+    return train_in_process(cfg, resume=True, quiet=True, hooks=partial(TuneHooks, live=live))
+
+
+def evaluate_final(cfg: ExperimentConfig, model_dir: str) -> dict:
+    """The final phase's test evaluation of the saved best model (``eval.tasks``)."""
+    from raysent.eval.suite import evaluate_tasks
+    from raysent.models.encoder import Encoder
+
+    e = cfg.eval
+    encoder = Encoder.load(model_dir)  # the saved best model, with its inference pooling in raysent.json
+    encoder.eval()
+    res = evaluate_tasks(encoder, e.tasks, pooling=e.pooling or encoder.meta.pooling, max_length=e.max_length,
+                         batch_size=e.batch_size,
+                         options={t: o for t, o in e.task_options().items() if t in e.tasks})
+    return {"metrics": {k: float(v) for k, v in res["metrics"].items() if isinstance(v, (int, float))},
+            "details": res.get("details", {})}

@@ -260,7 +260,7 @@ print(json.dumps({"held": held, "after": rss(), "ran": ran}))
 @pytest.mark.skipif(not sys.platform.startswith("linux") or os.confstr("CS_GNU_LIBC_VERSION") is None,
                     reason="malloc_trim is glibc's")
 def test_release_freed_memory_hands_a_finished_threads_free_arena_memory_back():
-    """What a reused Tune trial process calls before its next trial (raysent.tune.search.run_trial)."""
+    """What a reused Tune trial process calls before its next trial (raysent.tune.trial.run_trial)."""
     import json
     import subprocess
 

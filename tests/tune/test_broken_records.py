@@ -25,7 +25,7 @@ ONE_POINT = """\
 
 
 def test_broken_records_are_named_first_and_resume_rewrites_them_from_tune(ray_cluster, tmp_path):
-    from raysent.tune.search import tune_experiment
+    from raysent.tune.driver import tune_experiment
 
     path = experiment(tmp_path, "cut", ONE_POINT, "[1]", sts_sets="[stsb]", tracking=", log_model: none")
     tune_experiment(load_config(path), quiet=True)

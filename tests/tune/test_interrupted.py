@@ -1,4 +1,4 @@
-"""What an interrupted search or final phase says it did (raysent.tune.search._check_complete), from Tune's
+"""What an interrupted search or final phase says it did (raysent.tune.driver.check_complete), from Tune's
 results as ``tuner.fit()`` returns them after Ctrl-C: the trials Tune ended because of Ctrl-C are TERMINATED
 there like the finished ones, so only the run records tell finished from cut off. (tests/tune/test_tune.py
 checks the same line after a real Ctrl-C.)"""
@@ -11,7 +11,7 @@ import pytest
 
 from raysent.config import parse_config
 from raysent.errors import Interrupted
-from raysent.tune.search import _check_complete, experiment_dir
+from raysent.tune.driver import check_complete, experiment_dir
 from raysent.tune.trial import RECORD_KEY, STOPPED_DIR
 
 CONFIG = {"name": "cut", "method": "simcse-unsup", "model": {"name": "raw-bert-mini-mlm"},
@@ -19,7 +19,7 @@ CONFIG = {"name": "cut", "method": "simcse-unsup", "model": {"name": "raw-bert-m
 
 
 class Result:
-    """A ``ray.tune.Result``'s fields that _check_complete reads."""
+    """A ``ray.tune.Result``'s fields that check_complete reads."""
 
     def __init__(self, trial_id: str, how: str):
         self.metrics = {"trial_id": trial_id, "best_dev_spearman": 50.0}
@@ -48,7 +48,7 @@ def cfg(tmp_path):
 
 def message(results, expected, cfg, what="search") -> str:
     with pytest.raises(Interrupted) as info:
-        _check_complete(results, expected, cfg, what)
+        check_complete(results, expected, cfg, what)
     return str(info.value)
 
 
@@ -71,7 +71,7 @@ def test_failed_and_scheduler_stopped_trials_have_ended(cfg):
     stopped.parent.mkdir(parents=True)
     stopped.write_text("{}")
     done = [Result("t1", "finished"), Result("t2", "failed"), Result("t3", "stopped")]
-    _check_complete(Grid(done), 3, cfg, "search")  # complete: no error
+    check_complete(Grid(done), 3, cfg, "search")  # complete: no error
     assert "after 1 of 5 trial(s) finished (1 failed, 1 stopped by the scheduler, 1 were running)" in \
         message(Grid([*done, Result("t4", "cut")]), 5, cfg)
     assert "after 1 of 5 trial(s) finished (1 failed, 1 stopped by the scheduler, 0 were running)" in \

@@ -70,7 +70,7 @@ def test_a_read_only_parent_artifact_store_keeps_the_records_and_resume_logs_the
     `--resume` on a writable store then logs it (table, model, registry) and trains nothing."""
     from mlflow.tracking import MlflowClient
 
-    from raysent.tune.search import tune_experiment
+    from raysent.tune.driver import tune_experiment
 
     path = experiment(tmp_path, "ro", ONE_POINT, "[1]", sts_sets="[stsb]")
     tune_experiment(load_config(path), quiet=True, search_only=True)  # the search; its parent run exists

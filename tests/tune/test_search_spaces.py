@@ -207,7 +207,7 @@ def test_dry_run_counts_every_trial_and_says_what_happens_to_checkpoints():
     seeds (Tune expands a grid lazily, so this count is also what an interrupted search is checked against)."""
     import json
 
-    from raysent.tune.search import search_grid
+    from raysent.tune.plan import SearchPlan
     from raysent.tune.space import grid
 
     from conftest import run_cli
@@ -224,8 +224,9 @@ def test_dry_run_counts_every_trial_and_says_what_happens_to_checkpoints():
     assert proc.returncode == 2 and "model 'bert-base-uncased' not found" in proc.stderr
     assert json.loads(proc.stdout)["checked"].startswith("FAILED")
     base = json.loads(run_cli(*args, "--set", "model.name=raw-bert-mini-mlm").stdout)
-    assert base["search"]["trials"] == len(search_grid(base_cfg)) * 2 > 2
-    assert len(search_grid(base_cfg)) in (len(grid(base_cfg.search.space)), len(grid(base_cfg.search.space)) + 1)
+    points = SearchPlan.of(base_cfg).points or []
+    assert base["search"]["trials"] == len(points) * 2 > 2
+    assert len(points) in (len(grid(base_cfg.search.space)), len(grid(base_cfg.search.space)) + 1)
     assert base["trial checkpoints"] == "kept"
 
 
@@ -236,12 +237,16 @@ def test_the_search_summary_prints_the_papers_row_from_the_runs():
     import statistics
 
     from raysent.report.runs import TASKS
-    from raysent.tune.search import final_scores, format_summary
+    from raysent.report.summary import format_summary
+    from raysent.train.records import read_record
+    from raysent.tune.best import arm_outcome
+    from raysent.tune.state import Summary
 
-    runs = [json.loads(p.read_text()) for p in (REPO / "results" / "mini-supcon-searched" / "runs").glob("final-*.json")]
+    files = sorted((REPO / "results" / "mini-supcon-searched" / "runs").glob("final-*.json"))
+    runs = [json.loads(p.read_text()) for p in files]
     assert len(runs) == 5
-    summary = {"experiment": "mini-supcon-searched", "search": runs[0]["search"], "results": "r",
-               "final": {"seeds": sorted(r["seed"] for r in runs), "missing_seeds": [], "scores": final_scores(runs)}}
+    summary = Summary(experiment="mini-supcon-searched", search=runs[0]["search"], results="r",
+                      final=arm_outcome([read_record(p) for p in files], [1, 2, 3, 4, 5], []))
     text = format_summary(summary).splitlines()
     head = next(i for i, line in enumerate(text) if line.split()[:2] == ["STS12", "STS13"])
     assert text[head].split() == ["STS12", "STS13", "STS14", "STS15", "STS16", "STS-B", "SICK-R", "Avg"]
@@ -294,7 +299,7 @@ def test_a_tie_goes_to_the_configuration_that_learned_and_says_so(tmp_path):
     step 0): the one that learned is the best, whichever was recorded first, and the search says why."""
     from raysent.io import write_json_atomic
     from raysent.train.records import RunRecord
-    from raysent.tune.search import pick_best
+    from raysent.tune.best import pick_best
 
     cfg = load_config(REPO / "search_spaces" / "quick.yaml")
     exp = tmp_path / "quick"
@@ -305,6 +310,6 @@ def test_a_tie_goes_to_the_configuration_that_learned_and_says_so(tmp_path):
                             learned=best_step > 0)
             write_json_atomic(exp / "runs" / f"search-s1-{cid}-seed{seed}.json", rec.to_json())
     said: list[str] = []
-    best = pick_best(cfg, exp, "s1", None, [], said.append)
-    assert best["config_id"] == "bbbb000000" and best["tie"] == {"with": ["aaaa000000"], "learned": True}
+    best = pick_best(exp, "s1", cfg.search.mode, [], said.append)
+    assert best.config_id == "bbbb000000" and best.tie == {"with": ["aaaa000000"], "learned": True}
     assert any("2 configurations tie at dev 50.0000: bbbb000000 is taken because it learned" in s for s in said)

@@ -26,6 +26,7 @@ CONFIG = {
 }
 
 
+@pytest.mark.slow  # trains 4 runs of 6 steps
 def test_seeds_in_turns_train_as_alone_and_the_trial_reports_their_mean(tmp_path, monkeypatch):
     import ray.tune
 
@@ -47,15 +48,15 @@ def test_seeds_in_turns_train_as_alone_and_the_trial_reports_their_mean(tmp_path
     for seed in (3, 5):
         solo = with_overrides(cfg, {"lr": 3.0e-4, "train.seed": seed, "train.output_dir": str(tmp_path / f"alone{seed}")})
         alone[seed] = train_in_process(solo, quiet=True)
-    assert [r["seed"] for r in records] == [3, 5]
+    assert [r.seed for r in records] == [3, 5]
     for rec in records:
-        solo = alone[rec["seed"]]
-        assert rec["dev_curve"] == solo.dev_curve, rec["seed"]
-        assert rec["best_dev_spearman"] == solo.best_dev_spearman and rec["best_step"] == solo.best_step
-        assert rec["trial_id"] == "t1" and rec["hp"] == {"lr": 3.0e-4} and rec["final_step"] == 6
-        assert (exp / "runs" / f"search-r1-{rec['config_id']}-seed{rec['seed']}.json").is_file()
-        assert rec["best_model_dir"] == str(exp / "search" / "r1" / "t1" / f"seed{rec['seed']}" / "best")
-        assert not (exp / "search" / "r1" / "t1" / f"seed{rec['seed']}" / "checkpoint").exists()
+        solo = alone[rec.seed]
+        assert [p.model_dump() for p in rec.dev_curve] == solo.dev_curve, rec.seed
+        assert rec.best_dev_spearman == solo.best_dev_spearman and rec.best_step == solo.best_step
+        assert rec.trial_id == "t1" and rec.hp == {"lr": 3.0e-4} and rec.final_step == 6
+        assert (exp / "runs" / f"search-r1-{rec.config_id}-seed{rec.seed}.json").is_file()
+        assert rec.best_model_dir == str(exp / "search" / "r1" / "t1" / f"seed{rec.seed}" / "best")
+        assert not (exp / "search" / "r1" / "t1" / f"seed{rec.seed}" / "checkpoint").exists()
     # the seeds differ (else the mean would say nothing about them)
     assert len({a.dev_curve[-1]["dev_spearman"] for a in alone.values()}) == 2
 
@@ -73,9 +74,10 @@ def test_seeds_in_turns_train_as_alone_and_the_trial_reports_their_mean(tmp_path
         assert sorted(points) == ["3", "5"] and points["5"]["dev_spearman"] == pytest.approx(now[1], abs=1e-12)
     # a seed's training time is its own turns', not the trial's
     assert all(a.train_seconds > 0 for a in alone.values())
-    assert sum(r["train_seconds"] for r in records) < 1.5 * sum(a.train_seconds for a in alone.values()) + 10
+    assert sum(r.train_seconds or 0 for r in records) < 1.5 * sum(a.train_seconds for a in alone.values()) + 10
 
 
+@pytest.mark.slow  # starts training
 def test_a_failing_seed_fails_the_configuration_and_ends_the_others(tmp_path, monkeypatch):
     import threading
 
@@ -98,8 +100,12 @@ def test_a_failing_seed_fails_the_configuration_and_ends_the_others(tmp_path, mo
 def test_the_plan_counts_one_trial_per_configuration_and_every_seed_s_run():
     """`raysent tune --dry-run`'s plan: with seeds in one trial, Tune has one trial per configuration and the
     search trains every seed of each; without a scheduler, one trial per (configuration, seed)."""
-    from raysent.tune.search import plan
-    from raysent.tune.suite import Estimate, estimate_seconds
+    from raysent.tune.cost import Estimate, estimate_seconds
+    from raysent.tune.driver import experiment_dir
+    from raysent.tune.plan import dry_run
+
+    def plan(c):
+        return dry_run(c, experiment_dir(c)).to_dict()
 
     cfg = parse_config({**CONFIG, "search": {**CONFIG["search"], "seeds": 3}})
     together = plan(cfg)["search"]

@@ -35,13 +35,14 @@ def test_a_system_exit_in_a_callback_is_silent_and_other_errors_are_not():
 
 
 def test_the_summary_says_diverged_where_it_prints_the_numbers():
-    from raysent.tune.search import format_summary
+    from raysent.report.summary import format_summary
+    from raysent.tune.state import ArmOutcome, ScoreStat, Summary
 
-    scores = {f"sts/{t}": {"mean": 10.0, "std": 1.0, "n": 2}
+    scores = {f"sts/{t}": ScoreStat(mean=10.0, std=1.0, n=2)
               for t in ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr", "avg")}
-    arm = {"seeds": [1, 2], "missing_seeds": [], "scores": scores, "not_learned_seeds": [], "diverged_seeds": [2]}
-    text = format_summary({"experiment": "x", "search": "s", "results": "/r", "final": arm,
-                           "paper": {**arm, "diverged_seeds": []}, "warm_source": "paper"})
+    arm = ArmOutcome(seeds=[1, 2], scores=scores, diverged_seeds=[2])
+    text = format_summary(Summary(experiment="x", search="s", results="/r", final=arm,
+                                  paper=arm.model_copy(update={"diverged_seeds": []}), warm_source="paper"))
     row = next(line for line in text.splitlines() if line.lstrip().startswith("searched"))
     assert "searched [DIVERGED 1/2]" in row and "10.00±1.00" in row
     assert "DIVERGED on seed(s) [2]" in text

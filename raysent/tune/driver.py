@@ -1,0 +1,565 @@
+"""`raysent tune`'s driver: a search's phases, each a Ray Tune run, and what the driver keeps of them.
+
+:func:`tune_experiment` reads as the phases of a search:
+
+Checks
+    Every run record (``--resume``), the model, data, batch, results folder, MLflow store, Ray address and, on
+    a local Ray, the resources, then MLflow's artifact store and registry: one error before Ray starts.
+Search phase (:func:`run_search`)
+    ``search.algorithm``: Optuna's TPE (seeded, the default) or its random sampler, both through
+    ``ray.tune.search.optuna.OptunaSearch`` with a define-by-run space (conditional entries), the Optuna study
+    kept in ``results/<experiment>/optuna.db``; or ``grid`` (Tune's ``grid_search``). The warm-start
+    configuration is tried first (:class:`~raysent.tune.plan.SearchPlan`). ``search.seeds`` > 1 wraps the
+    searcher in Tune's ``Repeater`` (each suggestion once per seed; the searcher is told the mean), or, with a
+    scheduler, makes a trial train all its seeds in turns (:mod:`raysent.tune.seeds`). A trial
+    (:func:`raysent.tune.trial.run_trial`) trains through Ray Train (``resources.workers``) or in its own
+    process; the best configuration is picked from the records (:mod:`raysent.tune.best`).
+Final phase (:func:`run_final`)
+    The best configuration on every seed of ``seeds``, evaluated on the test sets (``eval.tasks``); when it
+    is not the warm-start configuration, that one too, on the same seeds, compared paired by seed.
+Publish (:mod:`raysent.tune.publish`)
+    The table, model cards and MLflow: outcome, model, registry.
+
+Records: every finished run's ``results/<experiment>/runs/<phase>-<search>-<config>-seed<seed>.json``; a
+trial on another node sends its record in its last result and the driver writes it. The state between
+phases is ``state.json`` (:class:`~raysent.tune.state.SearchState`); ``--resume`` continues from it (finished
+trials kept, unfinished ones from their checkpoints, a deleted record written again from Tune's results).
+Ray, Tune, Optuna and MLflow are imported in the functions that use them (the checks run before Ray starts).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+import yaml
+
+from raysent.config import ExperimentConfig, hyperparameters, with_overrides
+from raysent.errors import Interrupted, RaysentError
+from raysent.io import write_json_atomic
+from raysent.train.records import RunRecord, check_records, validate_record
+from raysent.tune.best import arm_outcome, by_configuration, pick_best, records
+from raysent.tune.plan import SearchPlan
+from raysent.tune.space import config_id, encode, suggest, warm_source
+from raysent.tune.state import ArmOutcome, Best, Comparison, FailedTrial, SearchState, Summary
+from raysent.tune.trial import (
+    RECORD_KEY,
+    STOPPED_DIR,
+    MlflowTarget,
+    TrialContext,
+    TrialNamer,
+    run_trial,
+    this_node,
+    trial_dirname,
+)
+
+BROKEN_RECORD_FIX = ("Delete each broken file and run `raysent tune {source} --resume` again: a finished run's record "
+                     "is written again from the result Tune kept for its trial (nothing is trained again); a run "
+                     "Tune kept no result of is trained again, alone. (A broken record in stopped/ is the curve "
+                     "of a trial the scheduler stopped; its MLflow run, KILLED, keeps that curve.)")
+
+
+# --------------------------------------------------------------------------- where things go
+def experiment_dir(cfg: ExperimentConfig) -> Path:
+    from raysent.tracking import experiment_name
+
+    return Path(cfg.tracking.results_dir).resolve() / experiment_name(cfg)
+
+
+def tune_metric(cfg: ExperimentConfig) -> str:
+    metric = cfg.search.metric if cfg.search else "dev_spearman"
+    return "best_dev_spearman" if metric == "dev_spearman" else metric
+
+
+def tune_storage(cfg: ExperimentConfig, exp: Path) -> str:
+    """Where Tune keeps the experiment state and trial folders: ``resources.storage_path`` (a folder every
+    node sees, or s3:// / gs://) under the experiment's name, else results/<experiment>/tune on this machine."""
+    if cfg.resources.storage_path:
+        root = cfg.resources.storage_path
+        root = root if "://" in root else str(Path(root).expanduser().resolve())
+        return f"{root.rstrip('/')}/{exp.name}"
+    return str(exp / "tune")
+
+
+def reuse_trial_processes(cfg: ExperimentConfig) -> bool:
+    """Whether a trial runs in the process of the trial before it (Tune's ``reuse_actors``, off by default).
+
+    On for trials that train in their own process (``resources.workers: null``): a new trial process pays
+    its start, the imports and the first model load again (docs/performance.md, "Measured", Ray). Off for
+    trials that run Ray Train: ASHA stops such a trial inside ``TorchTrainer.fit()``, which does not return
+    within Tune's 2 s reset timeout, and Tune then fails the next trial ("Could not re-use actor", Ray 2.60);
+    their trial process is light anyway."""
+    return cfg.resources.workers is None
+
+
+def _say(quiet: bool):
+    return (lambda m: None) if quiet else (lambda m: print(m, file=sys.stderr, flush=True))
+
+
+# --------------------------------------------------------------------------- records from the trials
+def write_sent_records(last_results: list[dict], exp: Path, mlflow: MlflowTarget | None = None) -> int:
+    """Write the run records that trials sent in their last result (``RECORD_KEY``) and that are not on this
+    machine's disk: those of trials on other nodes, and any record deleted since (a broken one). A record from
+    another node also brings its run's MLflow files (config.yaml, result.json), which its trial could not
+    write: the artifact folder is on this machine."""
+    written = 0
+    for metrics in last_results:
+        text = metrics.get(RECORD_KEY)
+        if not text:
+            continue
+        sent = json.loads(text)  # one record, or a list: the seeds of a trial that trains them all
+        for data in sent if isinstance(sent, list) else [sent]:
+            rec = validate_record(data, f"the record trial {metrics.get('trial_id')} sent")
+            path = exp / "runs" / rec.filename
+            if not path.is_file():
+                write_json_atomic(path, rec.to_json())
+                written += 1
+                if mlflow and rec.mlflow_run_id:
+                    _log_files(mlflow.uri, rec)
+    return written
+
+
+def _log_files(uri: str, rec: RunRecord) -> None:
+    import warnings
+
+    from raysent.tracking import log_record_artifacts, redact
+
+    try:
+        log_record_artifacts(uri, str(rec.mlflow_run_id), yaml.safe_dump(rec.config, sort_keys=False), rec.to_json())
+    except Exception as exc:
+        warnings.warn(f"MLflow ({redact(uri)}): the files of run {rec.mlflow_run_id} not logged: {exc}", stacklevel=2)
+
+
+def restore_records(cfg: ExperimentConfig, exp: Path, run: str) -> int:
+    """``--resume``: the records of the search's trials that Tune holds a finished result of and that are
+    missing from runs/ (deleted because they were broken) are written again; nothing is trained for them."""
+    from ray.tune import ExperimentAnalysis
+
+    storage = tune_storage(cfg, exp).rstrip("/")
+    written = 0
+    for name in (f"search-{run}", f"final-{run}", f"final-paper-{run}"):
+        path = f"{storage}/{name}"
+        if "://" not in path and not Path(path).is_dir():
+            continue
+        try:
+            trials = ExperimentAnalysis(path).trials
+        except Exception:  # no experiment state (yet): nothing to restore from
+            continue
+        written += write_sent_records([t.last_result or {} for t in trials], exp)
+    return written
+
+
+def check_complete(results, expected: int, cfg: ExperimentConfig, what: str) -> None:
+    """Tune returns normally when interrupted (Ctrl-C), having saved its state: an unfinished trial, or fewer
+    trials than the phase has, means the phase did not end and must not be summarised as if it had.
+
+    The records decide, not Tune's counts (Tune counts the trials it ended because of Ctrl-C as terminated): a
+    trial finished iff it sent its run record (its last result carries it), failed iff Tune holds its error, was
+    stopped by the scheduler iff its record is in ``stopped/``; any other trial was running."""
+    stopped_ids = {p.stem.rsplit("-", 1)[-1] for p in (experiment_dir(cfg) / STOPPED_DIR).glob("*.json")}
+    finished = failed = stopped = 0
+    for r in results:
+        metrics = r.metrics or {}
+        if metrics.get(RECORD_KEY):
+            finished += 1
+        elif r.error is not None:
+            failed += 1
+        elif metrics.get("trial_id") in stopped_ids:
+            stopped += 1
+    running = len(results) - finished - failed - stopped
+    if running or len(results) < expected:
+        ended = "".join(f"{n} {how}, " for n, how in ((failed, "failed"), (stopped, "stopped by the scheduler")) if n)
+        raise Interrupted(f"{what} of {cfg.name} interrupted after {finished} of {expected} trial(s) finished "
+                          f"({ended}{running} were running); its state is saved: `raysent tune --resume` with the "
+                          "same config continues it (finished trials are kept, unfinished ones go on from their last "
+                          "checkpoint)")
+
+
+# --------------------------------------------------------------------------- the phases
+def _trainable(cfg: ExperimentConfig, ctx: TrialContext, together: bool = False):
+    """Tune's trainable: a trial per (configuration, seed), or per configuration whose seeds train in turns."""
+    from ray import tune
+
+    from raysent.tune.seeds import run_seeds
+
+    r = cfg.resources
+    res = {"CPU": r.trial_cpus} if r.workers else {"CPU": r.cpus_per_worker, "GPU": r.gpus_per_worker}
+    return tune.with_resources(tune.with_parameters(run_seeds if together else run_trial, ctx=ctx), res)
+
+
+def _context(cfg: ExperimentConfig, exp: Path, state: SearchState, phase: str, mlflow: MlflowTarget | None,
+             **extra) -> TrialContext:
+    from raysent.train.ray_train import worker_env
+
+    return TrialContext(config=cfg.to_dict(), source=state.source, phase=phase, run=state.run, exp_dir=str(exp),
+                        metric=tune_metric(cfg), mlflow=mlflow, env=worker_env(), driver_node=this_node(), **extra)
+
+
+class DefineByRun:
+    """Optuna's define-by-run space (a picklable callable: Tune checkpoints the searcher)."""
+
+    def __init__(self, space):
+        self.space = space
+
+    def __call__(self, trial) -> None:
+        suggest(trial, self.space)
+
+
+def _searcher(cfg: ExperimentConfig, plan: SearchPlan, exp: Path, run: str, metric: str):
+    """(Tune's search algorithm, param_space): Optuna with the warm-start point first, or a grid."""
+    from ray import tune
+
+    s = cfg.search
+    assert s is not None
+    apart = s.seeds > 1 and not plan.together  # a trial per (configuration, seed)
+    if plan.points is not None:
+        return None, {"hp": tune.grid_search(plan.points),
+                      **({"seed_index": tune.grid_search(list(range(s.seeds)))} if apart else {})}
+    import optuna
+    from ray.tune.search.optuna import OptunaSearch
+
+    sampler = (optuna.samplers.TPESampler(seed=s.seed) if s.algorithm == "optuna"
+               else optuna.samplers.RandomSampler(seed=s.seed))
+    storage = optuna.storages.RDBStorage(f"sqlite:///{exp / 'optuna.db'}")
+    searcher = OptunaSearch(space=DefineByRun(s.space), sampler=sampler,
+                            study_name=f"search-{run}", storage=storage, metric=metric, mode=s.mode,
+                            points_to_evaluate=[encode(plan.warm, s.space)] if plan.warm is not None else None)
+    if apart:
+        from ray.tune.search import Repeater
+
+        searcher = Repeater(searcher, repeat=s.seeds, set_index=True)
+    return searcher, None
+
+
+def run_search(cfg: ExperimentConfig, plan: SearchPlan, exp: Path, state: SearchState, mlflow: MlflowTarget | None,
+               resume: bool, say) -> Best:
+    """The search phase's Tune run; returns the best configuration (also written to best.yaml)."""
+    from ray import tune
+    from ray.tune import RunConfig, TuneConfig, Tuner
+
+    from raysent.tune.failfast import FailFast
+
+    s = cfg.search
+    assert s is not None
+    run, metric = state.run, tune_metric(cfg)
+    ctx = _context(cfg, exp, state, "search", mlflow)
+    trainable = _trainable(cfg, ctx, together=plan.together)
+    searcher, param_space = _searcher(cfg, plan, exp, run, metric)
+    scheduler, callbacks = None, []
+    if s.scheduler is not None:
+        from ray.tune.schedulers import ASHAScheduler
+
+        from raysent.tune.stopped import StoppedTrials
+
+        callbacks.append(StoppedTrials(ctx))  # the trials ASHA stops get a record too
+        scheduler = ASHAScheduler(time_attr="training_iteration", metric=metric, mode=s.mode,
+                                  grace_period=s.scheduler.grace_period, reduction_factor=s.scheduler.reduction_factor,
+                                  max_t=s.scheduler.max_t or 10**6)
+    fail_fast = FailFast(s.fail_fast)
+    callbacks.append(fail_fast)
+    storage = tune_storage(cfg, exp)
+    path = f"{storage.rstrip('/')}/search-{run}"
+    per = 1 if plan.together else s.seeds  # Tune trials per configuration
+    n = 1 if plan.points is not None else s.num_samples * per  # Tune's samples (it expands a grid itself)
+    if plan.warm_note:
+        say(f"search.warm_start: the paper's setting cannot be tried first ({plan.warm_note})")
+    if plan.warm is not None:
+        say(f"search.warm_start: the paper's setting {plan.warm} is tried first")
+    say(f"search {run}: {s.algorithm}, {plan.trials} trials "
+        + (f"(each trains {s.seeds} seeds in turns; the scheduler sees their mean)" if per == 1 < s.seeds
+           else f"({s.seeds} seed(s) each)") + f", metric {metric} ({s.mode})")
+    if resume and Tuner.can_restore(path):
+        tuner = Tuner.restore(path, trainable=trainable, resume_unfinished=True, resume_errored=False,
+                              restart_errored=False, param_space=param_space)
+    else:
+        tuner = Tuner(trainable, param_space=param_space,
+                      # metric and mode live in the searcher and the scheduler (a Repeater does not pass
+                      # TuneConfig's down to the searcher it wraps)
+                      tune_config=TuneConfig(search_alg=searcher, scheduler=scheduler,
+                                             num_samples=n, max_concurrent_trials=s.max_concurrent_trials,
+                                             reuse_actors=reuse_trial_processes(cfg),
+                                             trial_name_creator=TrialNamer(cfg, "search"),
+                                             trial_dirname_creator=trial_dirname),
+                      run_config=RunConfig(name=f"search-{run}", storage_path=storage, callbacks=callbacks,
+                                           stop=fail_fast, failure_config=tune.FailureConfig(max_failures=0)))
+    results = tuner.fit()
+    write_sent_records([r.metrics or {} for r in results], exp, mlflow)
+    if fail_fast.reason is not None:
+        kind, message = fail_fast.reason
+        raise RaysentError(f"search {run} stopped: its first {s.fail_fast} trials all failed with {kind}: {message}"
+                           f" (trial logs under {path}; search.fail_fast sets how many)")
+    # Tune creates a grid's trials as it goes: interrupted, the ones not started yet are not in `results`
+    check_complete(results, plan.trials, cfg, "search")
+    failed = [FailedTrial(trial_id=r.metrics.get("trial_id") if r.metrics else None, path=r.path,
+                          error=str(r.error).strip().splitlines()[-1][:500]) for r in results if r.error is not None]
+    for f in failed:
+        say(f"trial failed: {f.error}")
+    best = pick_best(exp, run, s.mode, failed, say)
+    if mlflow:
+        _log_configurations(cfg, mlflow, by_configuration(records(exp, "search", run)), best)
+    _write_best_yaml(cfg, exp, run, best)
+    say(f"best configuration {best.config_id}: {best.hp}  dev {best.dev_mean:.2f}"
+        + (f" ± {best.dev_std:.2f}" if best.n > 1 else "") + f" ({best.n} seed(s))")
+    return best
+
+
+def _log_configurations(cfg: ExperimentConfig, mlflow: MlflowTarget, groups: dict[str, list[RunRecord]],
+                        best: Best) -> None:
+    """A run per searched configuration in MLflow, its seeds' runs below it."""
+    from raysent.tracking import log_configuration
+
+    for c in best.configurations:
+        recs = groups[c.config_id]
+        log_configuration(mlflow.uri, mlflow.experiment_id, with_overrides(cfg, c.hp), "search", c.hp, c.config_id,
+                          {"best_dev_spearman_mean": c.dev_mean, "best_dev_spearman_std": c.dev_std},
+                          [r.mlflow_run_id for r in recs if r.mlflow_run_id], mlflow.parent, [r.seed for r in recs])
+
+
+def _write_best_yaml(cfg: ExperimentConfig, exp: Path, run: str, best: Best) -> None:
+    best_cfg = with_overrides(cfg, best.hp).to_dict()
+    best_cfg.pop("search", None)
+    (exp / "best.yaml").write_text(
+        f"# best configuration of search {run} (mean dev {best.dev_mean:.2f} over {best.n} seed(s));\n"
+        f"# `raysent tune --final-only --config {exp / 'best.yaml'}` re-runs the final phase\n"
+        + yaml.safe_dump(best_cfg, sort_keys=False))
+
+
+def run_final(cfg: ExperimentConfig, exp: Path, state: SearchState, hp: dict, mlflow: MlflowTarget | None,
+              resume: bool, say, arm: str = "") -> ArmOutcome:
+    """The final phase of the configuration ``hp``: every seed, evaluated on the test sets (``arm`` "paper": the
+    warm-start configuration, compared with the winner, in its own Tune run and folders)."""
+    from ray import tune
+    from ray.tune import RunConfig, TuneConfig, Tuner
+
+    from raysent.tracking import log_configuration
+
+    final_cfg = with_overrides(cfg, hp) if hp else cfg
+    cid = config_id(hp)
+    ctx = _context(final_cfg, exp, state, "final", mlflow, hp=hp, arm=arm)
+    trainable = _trainable(cfg, ctx)
+    storage, name = tune_storage(cfg, exp), f"final-{arm + '-' if arm else ''}{state.run}"
+    arm_name = {"paper": "the paper's setting", "file": "the file's setting"}[warm_source(cfg)] if arm else ""
+    say(f"final phase{' (' + arm_name + ')' if arm else ''}: {hp or 'the configuration as given'} on seeds {cfg.seeds}")
+    param_space = {"seed": tune.grid_search(list(cfg.seeds))}
+    concurrent = cfg.search.max_concurrent_trials if cfg.search else 1
+    if resume and Tuner.can_restore(f"{storage.rstrip('/')}/{name}"):
+        tuner = Tuner.restore(f"{storage.rstrip('/')}/{name}", trainable=trainable, resume_errored=False,
+                              param_space=param_space)
+    else:
+        tuner = Tuner(trainable, param_space=param_space,
+                      tune_config=TuneConfig(num_samples=1, max_concurrent_trials=concurrent,
+                                             reuse_actors=reuse_trial_processes(cfg),
+                                             trial_name_creator=TrialNamer(cfg, "final", hp),
+                                             trial_dirname_creator=trial_dirname),
+                      run_config=RunConfig(name=name, storage_path=storage,
+                                           failure_config=tune.FailureConfig(max_failures=0)))
+    results = tuner.fit()
+    write_sent_records([r.metrics or {} for r in results], exp, mlflow)
+    check_complete(results, len(cfg.seeds), cfg, "final phase")
+    errors = [str(r.error).strip().splitlines()[-1][:500] for r in results if r.error is not None]
+    recs = [r for r in records(exp, "final", state.run) if r.config_id == cid]
+    if not recs:
+        raise RaysentError(f"final phase: no run finished; errors: {errors}")
+    outcome = arm_outcome(recs, list(cfg.seeds), errors)
+    if mlflow:
+        flat = {**{f"{k}_mean": v.mean for k, v in outcome.scores.items()},
+                **{f"{k}_std": v.std for k, v in outcome.scores.items()}}
+        log_configuration(mlflow.uri, mlflow.experiment_id, final_cfg, "final", hp, cid, flat,
+                          [r.mlflow_run_id for r in recs if r.mlflow_run_id], mlflow.parent, [r.seed for r in recs])
+    return outcome
+
+
+def versus_paper(exp: Path, run: str, paper_cid: str, best_cid: str) -> Comparison:
+    """`raysent compare` of the final phase's searched best (B) against the warm-start configuration (A), paired
+    by seed: per set the means, the mean difference, the paired t-test and Wilcoxon p."""
+    from raysent.report.compare import compare
+
+    runs = exp / "runs"
+    res = compare([str(runs / f"final-{run}-{paper_cid}-seed*.json"), str(runs / f"final-{run}-{best_cid}-seed*.json")],
+                  exp.parent, phase="final")
+    return Comparison(paper=paper_cid, searched=best_cid, tasks=res["comparisons"][0]["tasks"])
+
+
+def serve_store(cfg: ExperimentConfig, exp: Path, uri: str, say):
+    """A :class:`~raysent.tune.mlflow_server.TrackingServer` over the local store when the search runs on
+    more than one node (:func:`~raysent.tune.mlflow_server.wanted`), else None."""
+    from raysent.tracking import redact
+    from raysent.tune import mlflow_server
+
+    if not mlflow_server.wanted(cfg, uri):
+        return None
+    host = mlflow_server.driver_address()
+    server = mlflow_server.TrackingServer(uri, Path(cfg.tracking.results_dir).resolve() / "mlartifacts", host,
+                                          cfg.tracking.server_port, exp / "mlflow-server.log")
+    say(f"MLflow: the search runs on {len(mlflow_server.alive_nodes())} node(s) and its store is a file here: serving "
+        f"{redact(uri)} to the trials at {server.url} (listening on {host} only, until the search ends)")
+    return server.start()
+
+
+# --------------------------------------------------------------------------- a search
+def _checks(cfg: ExperimentConfig, exp: Path, state: SearchState | None, source: str, resume: bool) -> None:
+    """Every check that can be made before Ray starts (exit 2, nothing written): the records of a resumed
+    search, then the model, data, batch, results folder, MLflow store, Ray address and (a local Ray) resources."""
+    from raysent.preflight import preflight
+
+    if resume and state is None:
+        raise RaysentError(f"--resume: no search to resume in {exp} (no state.json); run without --resume")
+    if resume:
+        check_records(exp, BROKEN_RECORD_FIX.format(source=source))
+    remote = bool(cfg.resources.address or os.environ.get("RAY_ADDRESS"))
+    preflight(cfg, resources=not remote, mlflow=True)
+
+
+def _open_mlflow(cfg: ExperimentConfig, state: SearchState | None, final_only: bool) -> tuple[str, str | None]:
+    """The store's URI and the experiment's id (None: tracking off), after the artifact store and the registry
+    were checked."""
+    from raysent.tracking import ensure_experiment, tracking_uri
+
+    uri = tracking_uri(cfg)
+    exp_id = ensure_experiment(cfg)
+    if exp_id is not None:
+        from raysent.tune.publish import check_publishing
+
+        check_publishing(cfg, exp_id)
+    return uri, exp_id
+
+
+def _start(cfg: ExperimentConfig, exp: Path, uri: str, exp_id: str | None, final_only: bool,
+           source: str) -> SearchState:
+    from raysent.tracking import start_run
+
+    phase = "final" if final_only else "search"
+    state = SearchState(run=datetime.now().strftime("%Y%m%d-%H%M%S"), phase=phase, config=cfg.to_dict(),
+                        source=source)
+    if exp_id is not None:
+        state.parent_run_id = start_run(uri, exp_id, f"{phase}-{state.run}",
+                                        {"method": cfg.method, "model": cfg.model.name, "phase": phase})
+    state.save(exp)
+    return state
+
+
+def tune_experiment(cfg: ExperimentConfig, resume: bool = False, final_only: bool = False, quiet: bool = False,
+                    source: str = "<config>", paper_arm: bool = True, search_only: bool = False) -> Summary:
+    """A search and its final phase (``final_only``: the final phase alone; ``search_only``: the search alone,
+    ``resume`` later goes on), then its outcome published; returns the summary (also summary.json).
+
+    With ``search.warm_start: paper`` the warm-start configuration is tried first and, when it is not the
+    searched best, also run on every seed (``paper_arm``; a suite, which runs its own paper arm, turns this
+    off), so that the summary compares the two paired over seeds."""
+    from raysent.tracking import end_runs_of, redact, reopen_run
+    from raysent.train.ray_train import init_ray
+
+    say = _say(quiet)
+    if not final_only and cfg.search is None:
+        raise RaysentError(f"{source}: `raysent tune` needs a 'search' part (space, metric, num_samples, ...); "
+                           "use `raysent train` for one configuration, or --final-only to run the seeds only")
+    sp = cfg.resources.storage_path
+    if sp and "://" not in sp:  # trials run in their own folders (and on other nodes): an absolute path
+        cfg = with_overrides(cfg, {"resources.storage_path": str(Path(sp).expanduser().resolve())})
+    exp = experiment_dir(cfg)
+    state = SearchState.load(exp) if resume else None
+
+    # checks: before Ray starts and before anything is written
+    _checks(cfg, exp, state, source, resume)
+    uri, exp_id = _open_mlflow(cfg, state, final_only)
+    exp.mkdir(parents=True, exist_ok=True)
+    trains = state is None or state.phase not in ("publish", "done")
+    if trains or cfg.resources.address or os.environ.get("RAY_ADDRESS"):  # publishing may fetch a model from a node
+        from raysent.preflight import check_resources
+
+        init_ray(cfg)
+        check_resources(cfg)  # against the Ray this search runs on
+    if state is not None and (restored := restore_records(cfg, exp, state.run)):
+        say(f"--resume: {restored} run record(s) written again from the results Tune kept")
+    if state is None:
+        state = _start(cfg, exp, uri, exp_id, final_only, source)
+    elif exp_id is not None and state.parent_run_id:
+        reopen_run(uri, state.parent_run_id)  # --resume: the search's run is running again
+    mlflow = MlflowTarget(uri=uri, experiment_id=exp_id, parent=state.parent_run_id) if exp_id else None
+    say(f"experiment {exp.name}: results in {exp}" + (f", MLflow {redact(uri)}" if mlflow else ""))
+    plan = SearchPlan.of(cfg)
+    started = time.time()
+    status, server = "FAILED", None
+    try:
+        if mlflow and trains:  # trials on other nodes reach the store through a server on this one
+            from raysent.tune.mlflow_server import check_reach
+
+            server = serve_store(cfg, exp, uri, say)
+            if server is not None:
+                mlflow = mlflow.model_copy(update={"uri": server.url})
+            check_reach(mlflow.uri, "tracking.mlflow_uri")
+        _phases(cfg, plan, exp, state, mlflow, resume, say, paper_arm=paper_arm and not final_only,
+                search_only=search_only)
+        status = "FINISHED"
+    except (Interrupted, KeyboardInterrupt):
+        status = "KILLED"  # resumable: --resume sets it running again
+        raise
+    finally:
+        if mlflow and state.parent_run_id:
+            # the search's run, and any run of it still open (a trial killed with the search), end with it
+            end_runs_of(uri, exp_id, state.parent_run_id, status)
+        if server is not None:
+            server.stop()
+            say(f"MLflow: stopped the tracking server at {server.url}")
+        if mlflow:
+            mlflow = mlflow.model_copy(update={"uri": uri})  # the store itself, for what is logged after the search
+    return _finish(cfg, exp, state, mlflow, time.time() - started, say)
+
+
+def _phases(cfg: ExperimentConfig, plan: SearchPlan, exp: Path, state: SearchState, mlflow: MlflowTarget | None,
+            resume: bool, say, paper_arm: bool, search_only: bool) -> None:
+    """The search, the final phase of its best configuration, and of the warm-start configuration when that is
+    another; each phase's outcome is saved before the next starts (``--resume`` goes on from there)."""
+    if state.phase == "search":
+        state.best = run_search(cfg, plan, exp, state, mlflow, resume, say)
+        state.phase = "final"
+        state.save(exp)
+    if state.phase == "final" and not search_only:
+        if state.best is None:  # --final-only: the configuration as given
+            state.best = Best(config_id=config_id({}))
+        state.final = run_final(cfg, exp, state, state.best.hp, mlflow, resume, say)
+        again = paper_arm and plan.warm is not None and config_id(plan.warm) != state.best.config_id
+        state.phase = "paper" if again else "publish"
+        state.save(exp)
+    if state.phase == "paper":  # the warm-start configuration on the same seeds, to compare
+        warm = plan.warm or {}
+        state.warm_source = warm_source(cfg)  # "paper", or "file" when the file set its own values
+        state.paper = run_final(cfg, exp, state, warm, mlflow, resume, say, arm="paper")
+        assert state.best is not None
+        state.vs_paper = versus_paper(exp, state.run, config_id(warm), state.best.config_id)
+        state.phase = "publish"
+        state.save(exp)
+
+
+def _finish(cfg: ExperimentConfig, exp: Path, state: SearchState, mlflow: MlflowTarget | None, wall: float,
+            say) -> Summary:
+    """summary.json, then the outcome published where researchers work (files, model cards, MLflow); a
+    publishing failure is kept in the summary, and the state stays at that step for ``--resume``."""
+    from raysent.report.summary import runs_view_url
+    from raysent.tracking import redact
+
+    summary = Summary(experiment=exp.name, results=str(exp), search=state.run, best=state.best, final=state.final,
+                      paper=state.paper, vs_paper=state.vs_paper, warm_source=state.warm_source,
+                      mlflow=redact(mlflow.uri) if mlflow else None,
+                      mlflow_runs_url=runs_view_url(mlflow.experiment_id) if mlflow else None, wall_seconds=wall,
+                      published=state.published)
+    summary.save(exp)
+    if state.phase == "publish":
+        from raysent.tune.publish import PublishError, publish
+
+        try:
+            state.published = publish(cfg, exp, state, mlflow, say, save=lambda: state.save(exp))
+            state.phase = "done"
+        except PublishError as exc:
+            summary.publish_error = str(exc)  # the search stays at this step: --resume publishes again
+        state.save(exp)
+        summary.published = state.published
+        summary.save(exp)
+    return summary
+
+
+__all__ = ["experiment_dir", "hyperparameters", "tune_experiment"]

@@ -1,0 +1,135 @@
+"""What a search will do, worked out once from its config (:class:`SearchPlan`), and the plan
+``raysent tune --dry-run`` prints (:func:`dry_run`).
+
+The warm-start configuration (``search.warm_start: paper``: the experiment's own values of its searched entries,
+tried first), a grid's points, the seeds each configuration runs on, whether a trial trains them all in turns
+(:func:`raysent.tune.trial.seeds_in_one_trial`), and how many Tune trials and training runs that makes.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from raysent.config import ExperimentConfig
+from raysent.tune.space import grid, paper_point
+from raysent.tune.trial import search_seeds, seeds_in_one_trial
+
+
+@dataclass(frozen=True)
+class SearchPlan:
+    """A search's shape; ``None`` parts where the config has no search."""
+
+    algorithm: str
+    warm: dict | None  # the warm-start configuration, tried first (None: off, or it cannot be tried)
+    warm_note: str  # why it cannot be tried ("" when it can, or when warm start is off)
+    points: list[dict] | None  # a grid's configurations, the warm-start one first (added when the grid lacks it)
+    seeds: list[int]  # each configuration's seeds
+    together: bool  # one trial trains a configuration's seeds in turns (a scheduler stops them on their mean)
+    configurations: int
+
+    @property
+    def runs(self) -> int:
+        """Training runs at most (a scheduler stops some): every configuration on every seed."""
+        return self.configurations * len(self.seeds)
+
+    @property
+    def trials(self) -> int:
+        """Tune trials: one per run, or one per configuration when a trial trains all its seeds."""
+        return self.configurations if self.together else self.runs
+
+    @classmethod
+    def of(cls, cfg: ExperimentConfig) -> SearchPlan:
+        s = cfg.search
+        if s is None:
+            return cls("none", None, "", None, [], False, 0)
+        warm, note = None, ""
+        if s.warm_start == "paper":
+            point, outside = paper_point(cfg)
+            if point is None or (outside and s.algorithm != "grid"):
+                note = outside or "a value is unset"
+            else:
+                warm = point
+        points = None
+        if s.algorithm == "grid":
+            points = grid(s.space)
+            if warm is not None:
+                points = [warm, *(p for p in points if p != warm)]
+        return cls(algorithm=s.algorithm, warm=warm, warm_note=note, points=points, seeds=search_seeds(cfg),
+                   together=seeds_in_one_trial(cfg),
+                   configurations=len(points) if points is not None else s.num_samples)
+
+
+class _Plan(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class SearchPart(_Plan):
+    algorithm: str
+    configurations: int
+    first: dict[str, Any] | str = Field(alias="first configuration (search.warm_start)")
+    seeds_per_configuration: int | str = Field(alias="seeds per configuration")
+    trials: int
+    runs: int
+    metric: str
+    space: dict[str, dict[str, Any]]
+    scheduler: dict[str, Any] | None
+    max_concurrent_trials: int
+
+
+class FinalPart(_Plan):
+    seeds: list[int]
+    runs: int
+    evaluation: list[str]
+
+
+class DryRun(_Plan):
+    """What `raysent tune --dry-run` prints (the checks and the estimate are added beside it)."""
+
+    experiment: str
+    method: str
+    model: str
+    train_data: str | None
+    search: SearchPart | None
+    final: FinalPart
+    resources: dict[str, Any] = Field(alias="resources per trial")
+    results: str
+    run_records: str = Field(alias="run records")
+    trial_checkpoints: str = Field(alias="trial checkpoints")
+    mlflow: str
+    ray: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True, mode="json")
+
+
+def dry_run(cfg: ExperimentConfig, exp: Path, final_only: bool = False) -> DryRun:
+    from raysent.tracking import redact, tracking_uri
+
+    s, r = cfg.search, cfg.resources
+    searched = not final_only and s is not None
+    per_trial = ({"trial driver CPU": r.trial_cpus, "Ray Train workers": r.workers,
+                  "CPU per worker": r.cpus_per_worker, "GPU per worker": r.gpus_per_worker}
+                 if r.workers else {"CPU": r.cpus_per_worker, "GPU": r.gpus_per_worker, "trains": "in the trial"})
+    search = None
+    if searched and s is not None:
+        p = SearchPlan.of(cfg)
+        search = SearchPart(
+            algorithm=s.algorithm, configurations=p.configurations, first=p.warm or "none",
+            seeds_per_configuration=(f"{s.seeds} (in one trial, in turns: the scheduler stops configurations on "
+                                     "their seed mean)" if p.together else s.seeds),
+            trials=p.trials, runs=p.runs, metric=f"{s.metric} ({s.mode})",
+            space={k: {f: v for f, v in e.model_dump().items() if v is not None} for k, e in s.space.items()},
+            scheduler=s.scheduler.model_dump() if s.scheduler else None, max_concurrent_trials=s.max_concurrent_trials)
+    return DryRun(
+        experiment=exp.name, method=cfg.method, model=cfg.model.name, train_data=cfg.data.train, search=search,
+        final=FinalPart(seeds=list(cfg.seeds), runs=len(cfg.seeds), evaluation=list(cfg.eval.tasks)),
+        resources=per_trial, results=str(exp), run_records=str(exp / "runs"),
+        trial_checkpoints=("kept" if s is not None and s.keep_checkpoints else
+                           "deleted once a trial's record and best model are saved (search.keep_checkpoints)"),
+        mlflow=redact(tracking_uri(cfg)) if cfg.tracking.enabled else "off",
+        ray=cfg.resources.address or os.environ.get("RAY_ADDRESS") or "local")
