@@ -201,9 +201,9 @@ def format_comparison(res: dict, alpha: float = 0.05) -> str:
                                    for i, (x, w) in enumerate(zip(row, widths))).rstrip())
         flat_sides = [x for x, d in (("A", res["baseline"]), ("B", comp["run"])) if d.get("not_learned_seeds")]
         if flat_sides:
-            lines.append(f"note: {' and '.join(flat_sides)} marked [no learning: k/n at step 0]: in k of n runs the "
-                         "best dev checkpoint is step 0, so those runs report the untouched encoder, not what "
-                         "training made of it")
+            lines.append(f"note: {' and '.join(flat_sides)} {'are' if len(flat_sides) > 1 else 'is'} marked "
+                         "[no learning: k/n at step 0]: in k of n runs the best dev checkpoint is step 0, so those "
+                         "runs report the untouched encoder, not what training made of it")
         neither = comp.get("neither_learned_seeds") or []
         if comp.get("neither_learned"):
             lines.append("note: NEITHER A NOR B LEARNED (best dev checkpoint at step 0 on every paired seed): Δ is "
