@@ -11,7 +11,14 @@ the best dev score) over the seeds both sides have:
 * Wilcoxon's signed-rank test (``scipy.stats.wilcoxon(B, A)``, two-sided, exact for small n):
   with n paired seeds its smallest possible p is 2/2^n, so it needs n ≥ 6 to reach p < 0.05.
 
-Seeds that only one side has are left out and named. Imports no Ray.
+Seeds that only one side has are left out and named.
+
+Each side is also marked where its runs did not learn (``learned``, ``not_learned_seeds``: seeds whose
+best dev checkpoint is step 0, so they report the untouched encoder, as ``raysent table``'s
+``[no learning: k/n at step 0]``), and each comparison names the paired seeds on which neither side
+learned (``neither_learned_seeds``; ``neither_learned`` when that is every paired seed): there Δ is
+between two untrained encoders (the input model as each side reads it, e.g. another pooling), not a
+gain from training. Imports no Ray.
 """
 
 from __future__ import annotations
@@ -121,20 +128,36 @@ def compare(specs: list[str], results_dir: str | Path = "results", phase: str | 
                 if only:
                     rows[c]["unpaired_seeds"] = only
         same = {r.path.resolve() for r in base.values()} == {r.path.resolve() for r in other.values()}
+        both = sorted(set(base) & set(other))
+        neither = [s for s in both if base[s].learned is False and other[s].learned is False]
         out["comparisons"].append({"run": _describe(spec, other), "tasks": rows, "same_runs": same,
                                    "only_in_a": sorted(set(base) - set(other)),
-                                   "only_in_b": sorted(set(other) - set(base))})
+                                   "only_in_b": sorted(set(other) - set(base)),
+                                   "neither_learned_seeds": neither,
+                                   "neither_learned": bool(neither) and neither == both})
     return out
 
 
 def _describe(spec: str, runs: dict[int, Run]) -> dict:
     rs = list(runs.values())
     r0 = rs[0]
+    flat = sorted(s for s, r in runs.items() if r.learned is False)
     return {"spec": spec, "experiment": r0.experiment, "phase": ",".join(sorted({r.phase for r in rs})),
             "config_id": ",".join(sorted({r.config_id for r in rs})),
             "search": ",".join(sorted({r.search for r in rs})), "method": r0.method,
             "model": short_model(r0.model), "hp": {k: format_value(v) for k, v in r0.hp.items()},
-            "seeds": sorted(runs)}
+            "seeds": sorted(runs),
+            # None: nothing trained (a baseline) or records without best_step; False: some seed kept step 0
+            "learned": None if all(r.learned is None for r in rs) else not flat, "not_learned_seeds": flat}
+
+
+def no_learning_mark(d: dict) -> str:
+    """``[no learning: k/n at step 0]`` (and which seeds, when not all) for a side whose runs did not learn."""
+    flat, seeds = d.get("not_learned_seeds") or [], d["seeds"]
+    if not flat:
+        return ""
+    which = "" if len(flat) == len(seeds) else f", seed{'s' if len(flat) > 1 else ''} {', '.join(map(str, flat))}"
+    return f"[no learning: {len(flat)}/{len(seeds)} at step 0{which}]"
 
 
 def _fmt(m, s) -> str:
@@ -154,7 +177,8 @@ def format_comparison(res: dict, alpha: float = 0.05) -> str:
         hp = ", ".join(f"{k}={v}" for k, v in d["hp"].items())
         return (f"{d['spec']}: {d['experiment']} {d['phase']} {d['config_id']} {d['method']} {d['model']}"
                 + (f" [search {d['search']}]" if d.get("search") else "")
-                + (f" ({hp})" if hp else "") + f", seeds {', '.join(map(str, d['seeds']))}")
+                + (f" ({hp})" if hp else "") + f", seeds {', '.join(map(str, d['seeds']))}"
+                + (f" {mark}" if (mark := no_learning_mark(d)) else ""))
 
     lines = [f"A = {who(res['baseline'])}"]
     for comp in res["comparisons"]:
@@ -175,6 +199,20 @@ def format_comparison(res: dict, alpha: float = 0.05) -> str:
         for row in [head, *body]:
             lines.append("  ".join(str(x).ljust(w) if i in (0, 7) else str(x).rjust(w)
                                    for i, (x, w) in enumerate(zip(row, widths))).rstrip())
+        flat_sides = [x for x, d in (("A", res["baseline"]), ("B", comp["run"])) if d.get("not_learned_seeds")]
+        if flat_sides:
+            lines.append(f"note: {' and '.join(flat_sides)} {'are' if len(flat_sides) > 1 else 'is'} marked "
+                         "[no learning: k/n at step 0]: in k of n runs the best dev checkpoint is step 0, so those "
+                         "runs report the untouched encoder, not what training made of it")
+        neither = comp.get("neither_learned_seeds") or []
+        if comp.get("neither_learned"):
+            lines.append("note: NEITHER A NOR B LEARNED (best dev checkpoint at step 0 on every paired seed): Δ is "
+                         "between two untrained encoders (the input model as each side reads it, e.g. another "
+                         "pooling), not a gain from training")
+        elif neither:
+            lines.append(f"note: on seed{'s' if len(neither) > 1 else ''} {', '.join(map(str, neither))} neither A "
+                         "nor B learned (both best at step 0): there Δ is between two untrained encoders, not a "
+                         "gain from training")
         if comp.get("same_runs"):
             lines.append("note: A and B are the same run files")
         if comp["only_in_a"] or comp["only_in_b"]:

@@ -240,8 +240,9 @@ def run_suite(path: str | Path, resume: bool = False, only: list[str] | None = N
 
 def write_report(suite: SuiteConfig, path: Path, results_dir: Path) -> dict:
     """The suite's tables and its searched-vs-paper comparisons, in results/<suite>/: ``table.*`` (every arm,
-    full labels, the papers' rows), ``summary.md`` (one line per method and arm, then the papers' rows) and
-    ``compare.{md,json}``."""
+    full labels, the papers' rows), ``summary.md`` (one line per method and arm, then the papers' rows),
+    ``compare.{md,json}`` and ``headline.md`` (one line per method: both arms' Avg, Δ, p and whether each
+    learned; the README's table)."""
     from raysent.report.compare import compare
     from raysent.report.runs import load_experiment
     from raysent.report.table import build_table
@@ -270,6 +271,8 @@ def write_report(suite: SuiteConfig, path: Path, results_dir: Path) -> dict:
         comparisons.append({"experiment": e.name, "label": e.label or e.name, **res})
     (out / "compare.json").write_text(json.dumps(comparisons, indent=2, default=str))
     (out / "compare.md").write_text(format_comparisons(comparisons))
+    headline = format_headline(comparisons, transductive={r.experiment for r in runs if r.transductive})
+    (out / "headline.md").write_text(headline)
     summary = format_summary_table(suite, table)
     (out / "summary.md").write_text(summary)
     from raysent.report.plots import plot_arm_curves
@@ -285,8 +288,9 @@ def write_report(suite: SuiteConfig, path: Path, results_dir: Path) -> dict:
                         title=f"suite {suite.name}: STS-B dev over training, final-phase runs, mean ± std over seeds "
                               "(dotted: step 0)")
     return {"suite": suite.name, "table": str(out / "table.md"), "summary": str(out / "summary.md"),
-            "compare": str(out / "compare.md"), "experiments": names, "table_markdown": summary,
-            "compare_markdown": format_comparisons(comparisons)}
+            "compare": str(out / "compare.md"), "headline": str(out / "headline.md"), "experiments": names,
+            "table_markdown": summary, "compare_markdown": format_comparisons(comparisons),
+            "headline_markdown": headline}
 
 
 def format_summary_table(suite: SuiteConfig, table) -> str:
@@ -363,3 +367,61 @@ def format_comparisons(comparisons: list[dict], task: str = "avg") -> str:
                  "(sample std); p two-sided (paired t-test, Wilcoxon signed-rank; with 5 seeds Wilcoxon's "
                  "smallest possible p is 0.0625).")
     return "\n".join(lines) + "\n"
+
+
+def _learned_cell(side: dict) -> str:
+    """As summary.md's learned column: yes, no (k/n at step 0), or — for a method that does not train."""
+    if side.get("learned") is None:
+        return "—"
+    flat = side.get("not_learned_seeds") or []
+    return "yes" if not flat else f"no ({len(flat)}/{len(side['seeds'])} at step 0)"
+
+
+def format_headline(comparisons: list[dict], transductive: set[str] | frozenset[str] = frozenset(),
+                    task: str = "avg") -> str:
+    """The compact table: one line per entry with both arms (``comparisons`` as compare.json holds them): the
+    paper defaults' and the searched arm's ``task`` (Avg of the 7 STS sets), Δ paired over the seeds, the paired
+    t-test's p, and whether each arm learned. Δ is marked †k/n where on k of its n paired seeds neither arm
+    learned (both best dev checkpoints at step 0): there it compares two untouched encoders, not training.
+    ``transductive``: experiments (arms) that train on the evaluation sets' text, marked [transductive]."""
+    lines = ["| Method | paper defaults | searched | Δ (searched − paper) | t-test p | paper learned "
+             "| searched learned |",
+             "| :--- | ---: | ---: | ---: | ---: | :--- | :--- |"]
+
+    def f(m, s):
+        return "—" if m is None else f"{m:.2f}" + (f"±{s:.2f}" if s is not None else "")
+
+    def p(v):
+        return "—" if v is None else (f"{v:.3g}" if v >= 1e-3 else f"{v:.1e}")
+
+    ns, whole = set(), []
+    for c in comparisons:
+        paper, comp = c["baseline"], c["comparisons"][0]
+        r = comp["tasks"].get(task)
+        if r is None:
+            continue
+        ns.add(r["n"])
+        neither = comp.get("neither_learned_seeds") or []
+        delta = "—" if r["diff_mean"] is None else (f"{r['diff_mean']:+.2f}"
+                                                     + (f"±{r['diff_std']:.2f}" if r["diff_std"] is not None else ""))
+        if neither:
+            delta += f" †{len(neither)}/{r['n']}"
+            if comp.get("neither_learned"):
+                whole.append(c["label"])
+        trans = " [transductive]" if {paper["experiment"], comp["run"]["experiment"]} & set(transductive) else ""
+        lines.append(f"| {c['label']}{trans} | {f(r['a_mean'], r['a_std'])} | {f(r['b_mean'], r['b_std'])} | {delta} "
+                     f"| {p(r['t_p'])} | {_learned_cell(paper)} | {_learned_cell(comp['run'])} |")
+    what = "Avg of STS12-16 ('all'), STS-B and SICK-R test" if task == "avg" else task
+    seeds = f"the {ns.pop()} seeds" if len(ns) == 1 else "the paired seeds"
+    lines += ["",
+              f"Spearman ×100, {what}; mean±std over {seeds} (sample std); Δ paired by seed; p: two-sided paired "
+              "t-test (—: the differences are equal on every seed, so it is undefined). learned: whether each run's "
+              "best dev checkpoint came after step 0 (k/n at step 0: k runs report the untouched encoder). "
+              + ("[transductive]: trains on the unlabeled text of the evaluation sets." if any(
+                  "[transductive]" in ln for ln in lines) else "")]
+    if any("†" in ln for ln in lines[2:]):
+        lines.append("")
+        lines.append("†k/n: on k of the n paired seeds neither arm learned, so there Δ compares two untouched "
+                     "encoders (the input model as each arm reads it, e.g. another pooling), not training"
+                     + (f"; for {', '.join(whole)} that is all of Δ." if whole else "."))
+    return "\n".join(ln.rstrip() for ln in lines) + "\n"

@@ -321,6 +321,67 @@ def test_compare_matches_scipy_paired_tests_by_seed(tmp_path, capsys):
     assert "'cmp' names more than one run of seed 1" in err and "name one configuration" in err
 
 
+COMMITTED = Path(__file__).resolve().parents[2] / "results"  # the mini suite's committed run records
+
+
+def _seeds_at_step_0(experiment: str) -> list[int]:
+    """Read straight from the run files: the seeds whose best dev checkpoint is step 0."""
+    recs = [json.loads(p.read_text()) for p in (COMMITTED / experiment / "runs").glob("final-*.json")]
+    return sorted(r["seed"] for r in recs if r["best_step"] == 0)
+
+
+def test_compare_marks_arms_that_did_not_learn_on_the_committed_mini_records(capsys):
+    """Issue 27: simcse-unsup's searched arm is +6.31 Avg over its paper arm, but neither learned (best dev
+    checkpoint at step 0 on every seed): both report the untouched encoder, read with two poolings. compare
+    marks each arm that did not learn and says when Δ is between untrained encoders; supcon, whose arms both
+    learned, gets no mark; sbert-nli, which learned on one seed per arm, is marked seed by seed."""
+    flat = {e: _seeds_at_step_0(f"mini-{e}") for e in ("simcse-unsup-paper", "simcse-unsup-searched",
+                                                        "sbert-nli-paper", "sbert-nli-searched", "supcon-paper",
+                                                        "supcon-searched")}
+    assert flat["simcse-unsup-paper"] == flat["simcse-unsup-searched"] == [1, 2, 3, 4, 5]
+    assert flat["supcon-paper"] == flat["supcon-searched"] == []
+
+    res = compare(["mini-simcse-unsup-paper", "mini-simcse-unsup-searched"], COMMITTED)
+    comp = res["comparisons"][0]
+    assert comp["tasks"]["avg"]["diff_mean"] == pytest.approx(6.31, abs=0.005)
+    for side in (res["baseline"], comp["run"]):
+        assert side["learned"] is False and side["not_learned_seeds"] == [1, 2, 3, 4, 5]
+    assert comp["neither_learned"] is True and comp["neither_learned_seeds"] == [1, 2, 3, 4, 5]
+
+    res = compare(["mini-supcon-paper", "mini-supcon-searched"], COMMITTED)
+    comp = res["comparisons"][0]
+    for side in (res["baseline"], comp["run"]):
+        assert side["learned"] is True and side["not_learned_seeds"] == []
+    assert comp["neither_learned"] is False and comp["neither_learned_seeds"] == []
+
+    res = compare(["mini-sbert-nli-paper", "mini-sbert-nli-searched"], COMMITTED)
+    comp = res["comparisons"][0]
+    assert res["baseline"]["not_learned_seeds"] == flat["sbert-nli-paper"] == [2, 3, 4, 5]
+    assert comp["run"]["not_learned_seeds"] == flat["sbert-nli-searched"] == [1, 3, 4, 5]
+    assert res["baseline"]["learned"] is False and comp["run"]["learned"] is False
+    assert comp["neither_learned"] is False and comp["neither_learned_seeds"] == [3, 4, 5]
+
+    # the printed output: both A and B lines marked, and the note that Δ is between untrained encoders
+    assert main(["compare", "mini-simcse-unsup-paper", "mini-simcse-unsup-searched", "--results-dir",
+                 str(COMMITTED)]) == 0
+    out = capsys.readouterr().out
+    a_line, b_line = (next(ln for ln in out.splitlines() if ln.startswith(x)) for x in ("A = ", "B = "))
+    assert a_line.endswith("[no learning: 5/5 at step 0]") and b_line.endswith("[no learning: 5/5 at step 0]")
+    assert "NEITHER A NOR B LEARNED" in out and "between two untrained encoders" in out
+    assert main(["compare", "mini-sbert-nli-paper", "mini-sbert-nli-searched", "--results-dir",
+                 str(COMMITTED)]) == 0
+    out = capsys.readouterr().out
+    assert "[no learning: 4/5 at step 0, seeds 2, 3, 4, 5]" in out
+    assert "on seeds 3, 4, 5 neither A nor B learned" in out and "NEITHER A NOR B" not in out
+    assert main(["compare", "mini-supcon-paper", "mini-supcon-searched", "--results-dir", str(COMMITTED)]) == 0
+    out = capsys.readouterr().out
+    assert "no learning" not in out and "untrained" not in out
+    assert main(["compare", "mini-simcse-unsup-paper", "mini-simcse-unsup-searched", "--results-dir",
+                 str(COMMITTED), "--format", "json"]) == 0
+    js = json.loads(capsys.readouterr().out)
+    assert js["comparisons"][0]["neither_learned"] is True and js["baseline"]["not_learned_seeds"] == [1, 2, 3, 4, 5]
+
+
 def test_resolve_names(results):
     assert {r.config_id for r in resolve("aaaa", results)} == {"aaaa"}
     assert len(resolve(str(results / "abl" / "runs" / "*-bbbb-*.json"), results)) == 2

@@ -1,21 +1,73 @@
 """`raysent suite`: the shipped suite files plan what they say (runs, steps, estimate, downloads), bad suite
 files are refused with the file and the field, and a tiny suite really runs both arms, is resumed after an
 interruption without re-running a finished experiment, and writes its table and its paired comparison, which
-is checked against scipy on the run files."""
+is checked against scipy on the run files. The committed mini suite's tables are what its report code writes
+from its committed run records, and its compact headline table marks the Δ of arms that learned nothing."""
 
 from __future__ import annotations
 
 import json
 import math
+import shutil
 
 import numpy as np
 import pytest
 from scipy import stats
 
 from raysent.errors import ConfigError, RaysentError
-from raysent.tune.suite import format_comparisons, load_suite, plan, run_suite
+from raysent.tune.suite import format_comparisons, load_suite, plan, run_suite, write_report
 
 from conftest import RAW_BERT, REPO, run_cli
+
+
+def _md_rows(md: str) -> list[list[str]]:
+    """The cells of a markdown table's body rows (after the header and the alignment row)."""
+    return [[c.strip() for c in ln.strip().strip("|").split(" | ")] for ln in md.splitlines()
+            if ln.startswith("| ")][2:]
+
+
+def _md_cells(md: str) -> dict[str, list[str]]:
+    """{first cell: cells} of a markdown table's body rows."""
+    return {r[0]: r for r in _md_rows(md)}
+
+
+def test_mini_suite_report_is_its_committed_records_and_marks_what_did_not_learn(tmp_path):
+    """The report code, run on a copy of the committed run records (results/mini-*), writes exactly the committed
+    results/mini/ tables. headline.md (the README's table) has one row per method whose numbers are compare.md's
+    and whose learned cells are summary.md's; its Δ is marked †k/n exactly where, by the run files, neither arm
+    learned on k paired seeds (simcse-unsup: all 5, so its +6.31 is two untouched encoders, not a gain)."""
+    committed = REPO / "results"
+    results = tmp_path / "results"
+    results.mkdir()
+    shutil.copy(committed / "published.yaml", results)
+    for d in committed.glob("mini-*"):
+        shutil.copytree(d / "runs", results / d.name / "runs")
+    suite = load_suite(REPO / "benchmarks" / "mini.yaml")
+    report = write_report(suite, REPO / "benchmarks" / "mini.yaml", results)
+    for name in ("summary.md", "compare.md", "headline.md", "table.md", "table.csv", "table.tex", "compare.json"):
+        assert (results / "mini" / name).read_text() == (committed / "mini" / name).read_text(), name
+    assert report["headline"] == str(results / "mini" / "headline.md")
+
+    headline = _md_cells((committed / "mini" / "headline.md").read_text())
+    compared = _md_cells((committed / "mini" / "compare.md").read_text())
+    summary = {(r[0], r[1].split(" [")[0]): r[-1] for r in _md_rows((committed / "mini" / "summary.md").read_text())}
+    assert [k.split(" [")[0] for k in headline] == list(compared)  # one row per method, in the suite's order
+    flats = {}
+    for label, row in headline.items():
+        method = label.split(" [")[0]
+        paper, searched, delta, p, paper_learned, searched_learned = row[1:]
+        assert [paper, searched, delta.split(" †")[0], p] == [compared[method][i] for i in (1, 2, 3, 5)]
+        assert paper_learned == summary[(method, "paper defaults")]
+        assert searched_learned == summary[(method, "searched")]
+        at0 = {arm: {json.loads(f.read_text())["seed"] for f in (committed / f"mini-{method}-{arm}" / "runs").glob(
+            "final-*.json") if json.loads(f.read_text())["best_step"] == 0} for arm in ("paper", "searched")}
+        both = at0["paper"] & at0["searched"]
+        assert (f" †{len(both)}/5" in delta) is bool(both) and delta.count("†") == (1 if both else 0)
+        flats[method] = len(both)
+    assert flats["simcse-unsup"] == 5 and flats["sbert-nli"] == 3 and flats["supcon"] == 0
+    assert headline["simcse-unsup"][3] == "+6.31±0.00 †5/5"
+    text = (committed / "mini" / "headline.md").read_text()
+    assert "for simcse-unsup that is all of Δ" in text and "not training" in text
 
 
 @pytest.mark.shared
