@@ -458,8 +458,25 @@ def _load_split(decl: DatasetDecl, split: str) -> Data:
     )
 
 
+DATA_DIR_VAR = "$RAYSENT_DATA_DIR"
+
+
+def portable_source(path: Path) -> str:
+    """A local data file as ``$RAYSENT_DATA_DIR/<relative path>``: what a record says it read, on any machine."""
+    root = data_dir()
+    if root is not None:
+        try:
+            return f"{DATA_DIR_VAR}/{Path(os.path.normpath(path)).relative_to(os.path.normpath(root.resolve()))}"
+        except ValueError:
+            try:
+                return f"{DATA_DIR_VAR}/{Path(os.path.normpath(path)).relative_to(os.path.normpath(root))}"
+            except ValueError:
+                pass
+    return str(path)
+
+
 def _read_local(decl: DatasetDecl, split: str, files: list[Path]) -> Data:
-    source = " + ".join(str(f) for f in files)
+    source = " + ".join(portable_source(f) for f in files)
     if decl.kind == "scored_pairs":
         s1, s2, scores, subsets = [], [], [], []
         for f in files:

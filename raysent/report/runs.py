@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from raysent.errors import RaysentError, did_you_mean
-from raysent.train.records import PHASES, check_records, read_record
+from raysent.train.records import PHASES, RunRecord, check_records, learned, read_record
 
 TASKS = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")  # the papers' column order
 TASK_LABELS = {"sts12": "STS12", "sts13": "STS13", "sts14": "STS14", "sts15": "STS15", "sts16": "STS16",
@@ -60,57 +60,59 @@ def _finite(v: Any) -> float | None:
 
 @dataclass
 class Run:
-    """One run file."""
+    """One run file: its typed record (:class:`~raysent.train.records.RunRecord`) and where it is; what the tables
+    read of it (a score by task, aggregation and correlation; every named value, for --group-by)."""
 
     path: Path
-    data: dict
+    record: RunRecord
     _fields: dict | None = field(default=None, repr=False)
+
+    @property
+    def data(self) -> dict:
+        """The record as the file holds it (the fields that were set)."""
+        return self.record.model_dump(exclude_unset=True)
 
     # ------------------------------------------------------------------ identity
     @property
     def experiment(self) -> str:
-        return str(self.data.get("experiment") or self.path.parent.parent.name)
+        return self.record.experiment or self.path.parent.parent.name
 
     @property
     def phase(self) -> str:
-        return str(self.data.get("phase", ""))
+        return self.record.phase
 
     @property
     def search(self) -> str:
-        return str(self.data.get("search", ""))
+        return self.record.search
 
     @property
     def config_id(self) -> str:
-        return str(self.data.get("config_id", ""))
+        return self.record.config_id
 
     @property
-    def seed(self) -> int | None:
-        s = self.data.get("seed")
-        return int(s) if isinstance(s, (int, float)) and not isinstance(s, bool) else None
+    def seed(self) -> int:
+        return self.record.seed
 
     @property
     def method(self) -> str:
-        return str(self.data.get("method", ""))
+        return self.record.method
 
     @property
     def model(self) -> str:
-        return str(self.data.get("model", ""))
+        return self.record.model
 
     @property
     def hp(self) -> dict:
-        return dict(self.data.get("hp") or {})
+        return dict(self.record.hp)
 
     @property
     def transductive(self) -> bool:
-        return bool(self.data.get("transductive"))
+        return bool(self.record.transductive)
 
     @property
     def learned(self) -> bool | None:
-        """Whether training improved on the untouched encoder: its best checkpoint is after step 0 (None: a
-        method that does not train, or a record without ``best_step``)."""
-        if self.method == "baseline" or self.data.get("best_step") is None:
-            return None
-        return int(self.data["best_step"]) > 0
+        """Whether training improved on the untouched encoder (:func:`raysent.train.records.learned`)."""
+        return learned(self.record.method, self.record.best_step)
 
     @property
     def unit(self) -> tuple[str, str, str, str]:
@@ -119,7 +121,7 @@ class Run:
 
     @property
     def config(self) -> dict:
-        return self.data.get("config") or {}
+        return self.record.config
 
     def expected_seeds(self) -> list[int] | None:
         """The seeds this run's configuration was meant to run on (None: not derivable from the file).
@@ -159,14 +161,14 @@ class Run:
 
     # ------------------------------------------------------------------ scores
     def _sts_details(self) -> dict:
-        return (((self.data.get("eval") or {}).get("details") or {}).get("sts") or {})
+        return ((self.record.eval or {}).get("details") or {}).get("sts") or {}
 
     def headline_aggregation(self) -> str:
         agg = self._sts_details().get("aggregation") or (self.config.get("eval") or {}).get("aggregation")
         return str(agg or "all")
 
     def has_test_scores(self) -> bool:
-        return any(k.startswith("sts/") for k in (self.data.get("scores") or {}))
+        return any(k.startswith("sts/") for k in self.record.scores)
 
     def available_aggregations(self) -> list[str]:
         """The STS12-16 aggregations this file holds numbers for."""
@@ -182,14 +184,14 @@ class Run:
         there) or ``dev`` (the best STS-B dev score the run selected its checkpoint on).
         """
         if task == "dev":
-            return _finite(self.data.get("best_dev_spearman"))
+            return _finite(self.record.best_dev_spearman)
         if task == "avg":
             vals = [self.score(t, aggregation, correlation) for t in TASKS]
             return None if any(v is None for v in vals) else sum(vals) / len(vals)
         details = (self._sts_details().get("tasks") or {}).get(task)
         if isinstance(details, dict) and f"{correlation}_{aggregation}" in details:
             return _finite(details[f"{correlation}_{aggregation}"])
-        scores = self.data.get("scores") or {}
+        scores = self.record.scores
         key = f"sts/{task}" + ("/pearson" if correlation == "pearson" else "")
         if key in scores and (aggregation == self.headline_aggregation() or task in ("stsb", "sickr")):
             return _finite(scores[key])
@@ -197,10 +199,10 @@ class Run:
 
     def dev_curve(self) -> list[tuple[int, float]]:
         out = []
-        for point in self.data.get("dev_curve") or []:
-            step, val = point.get("step"), _finite(point.get("dev_spearman"))
-            if isinstance(step, (int, float)) and val is not None:
-                out.append((int(step), val))
+        for point in self.record.dev_curve:
+            val = _finite(point.dev_spearman)
+            if val is not None:
+                out.append((int(point.step), val))
         return out
 
 
@@ -208,7 +210,7 @@ class Run:
 def read_run(path: str | Path) -> Run:
     """A run file, validated against the run record's schema (:mod:`raysent.train.records`)."""
     path = Path(path)
-    return Run(path, read_record(path).model_dump(exclude_unset=True))
+    return Run(path, read_record(path))
 
 
 def experiments(results_dir: str | Path) -> list[str]:

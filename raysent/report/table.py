@@ -267,7 +267,7 @@ def _our_row(runs: list[Run], key_vals: dict[str, Any] | None, columns, aggregat
         cells[c] = Cell(values=vals, expected=expected_total)
     test_cols = [c for c in columns if c in TASKS]
     for r in sorted(runs, key=lambda r: (r.config_id, r.seed or 0)):
-        if not any(k.startswith("sts/") for k in (r.data.get("scores") or {})):
+        if not any(k.startswith("sts/") for k in r.record.scores):
             if r.phase != "search" and test_cols:
                 notes.append(f"{r.config_id} seed {r.seed}: no test scores in {r.path.name}")
             continue
@@ -405,7 +405,7 @@ def _add_published(rows: list[Row], which: str, path, columns, aggregation, corr
         for r in ours:
             if correlation != "spearman":
                 continue
-            hyper = r.runs[0].data.get("hyperparameters") or {}
+            hyper = r.runs[0].record.hyperparameters
             if not any(pub.matches(e, m, r.runs[0].model, hyper) for m in r.info["method"].split(",")):
                 continue
             matched_any = True

@@ -3,17 +3,23 @@
 ``results/<experiment>/runs/`` (or ``stopped/`` for a trial the scheduler ended), one schema for the
 writer (``raysent tune``) and every reader (tables, comparisons, plots, the suite).
 
-A record carries ``schema_version``; a file without it, with another version, or with fields this version
-does not know is refused with an error that names the file and the field. Version history:
+A record file is read with :meth:`RunRecord.from_disk`, which migrates an older version to this one (as
+mteb's ``TaskResult.from_disk`` does) and resolves its paths; it is written with :meth:`RunRecord.to_disk`.
+On disk, paths are portable: the run's folders (``best_model_dir``, ``config.train.output_dir``) relative to
+the experiment's folder, data files as ``$RAYSENT_DATA_DIR/<path>``; in memory, the run's folders are
+absolute (where the experiment folder is now). A file with fields no version knows is refused with an error
+that names the file and the field. Version history:
 
-* 1 — the fields below (2026-11-25; ``diverged`` added, optional, the same day). Records written
-  before the version field existed hold exactly these fields: :func:`read_record` names such a file and
-  says to add ``"schema_version": 1``.
+* 0 — the fields of version 1 without ``schema_version`` (written before 2026-11-25): read as version 1.
+* 1 — the fields below (2026-11-25; ``diverged`` added, optional, the same day), with absolute paths of the
+  machine that wrote them: read as version 2 (the paths made relative).
+* 2 — ``node`` added (optional); paths relative on disk (2026-11-25).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Final, Literal
 
@@ -21,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from raysent.errors import RaysentError
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 DIVERGED_DROP: Final = 10.0  # Spearman points (×100) below the untrained start that make a run "diverged"
 PHASES = ("final", "search")
 
@@ -39,7 +45,7 @@ class RunRecord(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    schema_version: Literal[1] = Field(SCHEMA_VERSION, description="the record format (this module's history)")
+    schema_version: Literal[2] = Field(SCHEMA_VERSION, description="the record format (this module's history)")
     # identity
     experiment: str
     phase: Literal["final", "search"]
@@ -77,6 +83,29 @@ class RunRecord(BaseModel):
     eval: dict[str, Any] | None = None
     # tracking
     mlflow_run_id: str | None = None
+
+    @classmethod
+    def from_disk(cls, path: str | Path) -> RunRecord:
+        """The record in ``path``: validated, migrated from an older version, its folders absolute."""
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise RaysentError(f"{path}: run file not found") from None
+        except json.JSONDecodeError as exc:
+            raise RaysentError(f"{path}: not a valid run file (JSON error at line {exc.lineno}: {exc.msg})") from None
+        record = validate_record(data, str(path))
+        exp = path.parent.parent  # results/<experiment>/(runs|stopped)/<file>
+        return record.model_copy(update=_run_folders(record, lambda p: _absolute(_relative(p, exp), exp)))
+
+    def to_disk(self, path: str | Path) -> None:
+        """Write the record to ``path`` (under results/<experiment>/runs/ or stopped/), atomically, its folders
+        relative to the experiment's folder."""
+        from raysent.io import write_json_atomic
+
+        path = Path(path)
+        portable = self.model_copy(update=_run_folders(self, lambda p: _relative(p, path.parent.parent)))
+        write_json_atomic(path, portable.to_json())
 
     @property
     def filename(self) -> str:
@@ -171,37 +200,94 @@ def diverged(initial_dev: dict | None, dev_curve: list) -> bool | None:
     return last is None or last != last or last < start - DIVERGED_DROP
 
 
+def _absolute(path: str, exp_dir: Path) -> str:
+    return path if Path(path).is_absolute() else str(exp_dir.resolve() / path)
+
+
+def _relative(path: str, exp_dir: Path) -> str:
+    """``path`` relative to the experiment's folder when it is inside it (a run of another machine's folder,
+    whose own results folder had the experiment's name, counts as inside), else unchanged."""
+    p = Path(os.path.normpath(path))
+    if not p.is_absolute():
+        return path
+    for root in (exp_dir.resolve(), exp_dir):
+        try:
+            return str(p.relative_to(os.path.normpath(root)))
+        except ValueError:
+            pass
+    parts = p.parts
+    if exp_dir.name in parts:  # written on another machine: the part after the experiment's folder
+        return str(Path(*parts[len(parts) - parts[::-1].index(exp_dir.name):]))
+    return path
+
+
+def _run_folders(record: RunRecord, convert) -> dict[str, Any]:
+    """The record's path fields with ``convert`` applied (as a model_copy update)."""
+    update: dict[str, Any] = {}
+    if record.best_model_dir:
+        update["best_model_dir"] = convert(record.best_model_dir)
+    out = (record.config.get("train") or {}).get("output_dir")
+    if out:
+        update["config"] = {**record.config, "train": {**record.config["train"], "output_dir": convert(out)}}
+    return update
+
+
+def _portable_data(obj: Any) -> Any:
+    """Every absolute path of a file under RAYSENT_DATA_DIR in ``obj`` (a version-1 record's eval sources) as
+    ``$RAYSENT_DATA_DIR/<path>``."""
+    root = os.environ.get("RAYSENT_DATA_DIR")
+    if isinstance(obj, dict):
+        return {k: _portable_data(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_portable_data(v) for v in obj]
+    if isinstance(obj, str) and root and "/" in obj:
+        roots = {os.path.normpath(root), os.path.normpath(os.path.realpath(root))}
+        parts = []
+        for piece in obj.split(" + "):
+            norm = os.path.normpath(piece) if piece.startswith("/") else piece
+            for r in roots:
+                if norm.startswith(r + os.sep):
+                    piece = "$RAYSENT_DATA_DIR/" + norm[len(r) + 1:]
+                    break
+            parts.append(piece)
+        return " + ".join(parts)
+    return obj
+
+
+def migrate(data: dict, source: str) -> dict:
+    """A record of an older version (this module's history) as the current one."""
+    version = data.get("schema_version", 0)
+    if version == 0:
+        known = set(RunRecord.model_fields)
+        if not ({"phase", "config_id", "seed"} <= set(data) and set(data) <= known):
+            raise RaysentError(f"{source}: not a raysent run record (no 'schema_version'; a run record holds "
+                               f"{', '.join(sorted(known))})")
+        data, version = {**data, "schema_version": 1}, 1
+    if version == 1:  # paths made portable: absolute on the machine that wrote them
+        data = {**data, "schema_version": 2}
+        if isinstance(data.get("eval"), dict):
+            data["eval"] = _portable_data(data["eval"])
+    return data
+
+
 def validate_record(data: Any, source: str) -> RunRecord:
-    """``data`` as a :class:`RunRecord`, or a :class:`RaysentError` naming ``source`` and what is wrong."""
+    """``data`` as a :class:`RunRecord` (migrated from an older version), or a :class:`RaysentError` naming
+    ``source`` and what is wrong."""
     if not isinstance(data, dict):
         raise RaysentError(f"{source}: not a run record (expected a JSON object, found {type(data).__name__})")
-    if "schema_version" not in data:
-        known = set(RunRecord.model_fields)
-        if {"phase", "config_id", "seed"} <= set(data) and set(data) <= known:
-            raise RaysentError(f"{source}: a run record without 'schema_version' (written before raysent 0.2); its "
-                               f"fields are those of version {SCHEMA_VERSION}: add \"schema_version\": "
-                               f"{SCHEMA_VERSION} to it to read it")
-        raise RaysentError(f"{source}: not a raysent run record (no 'schema_version'; a run record holds "
-                           f"{', '.join(sorted(known))})")
-    if data["schema_version"] != SCHEMA_VERSION:
-        raise RaysentError(f"{source}: run record schema_version {data['schema_version']!r}; this raysent reads "
-                           f"version {SCHEMA_VERSION} (written by another raysent version)")
+    version = data.get("schema_version", 0)
+    if not isinstance(version, int) or not 0 <= version <= SCHEMA_VERSION:
+        raise RaysentError(f"{source}: run record schema_version {version!r}; this raysent reads versions up to "
+                           f"{SCHEMA_VERSION} (written by a newer raysent)")
     try:
-        return RunRecord.model_validate(data)
+        return RunRecord.model_validate(migrate(data, source))
     except ValidationError as exc:
         raise RaysentError(f"{source}: not a valid run record: {_problems(exc)}") from None
 
 
 def read_record(path: str | Path) -> RunRecord:
-    """The run record in ``path``, validated."""
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise RaysentError(f"{path}: run file not found") from None
-    except json.JSONDecodeError as exc:
-        raise RaysentError(f"{path}: not a valid run file (JSON error at line {exc.lineno}: {exc.msg})") from None
-    return validate_record(data, str(path))
+    """The run record in ``path`` (:meth:`RunRecord.from_disk`)."""
+    return RunRecord.from_disk(path)
 
 
 RECORD_FOLDERS = ("runs", "stopped")  # under results/<experiment>/: finished runs, runs a scheduler stopped

@@ -40,7 +40,6 @@ import yaml
 
 from raysent.config import ExperimentConfig, hyperparameters, with_overrides
 from raysent.errors import Interrupted, RaysentError
-from raysent.io import write_json_atomic
 from raysent.train.records import RunRecord, check_records, validate_record
 from raysent.tune.best import arm_outcome, by_configuration, pick_best, records
 from raysent.tune.plan import SearchPlan
@@ -116,7 +115,7 @@ def write_sent_records(last_results: list[dict], exp: Path, mlflow: MlflowTarget
             rec = validate_record(data, f"the record trial {metrics.get('trial_id')} sent")
             path = exp / "runs" / rec.filename
             if not path.is_file():
-                write_json_atomic(path, rec.to_json())
+                rec.to_disk(path)
                 written += 1
                 if mlflow and rec.mlflow_run_id:
                     _log_files(mlflow.uri, rec)
@@ -322,9 +321,10 @@ def _log_configurations(cfg: ExperimentConfig, mlflow: MlflowTarget, groups: dic
 def _write_best_yaml(cfg: ExperimentConfig, exp: Path, run: str, best: Best) -> None:
     best_cfg = with_overrides(cfg, best.hp).to_dict()
     best_cfg.pop("search", None)
+    where = Path(cfg.tracking.results_dir) / exp.name / "best.yaml"  # as the file names the results folder
     (exp / "best.yaml").write_text(
         f"# best configuration of search {run} (mean dev {best.dev_mean:.2f} over {best.n} seed(s));\n"
-        f"# `raysent tune --final-only --config {exp / 'best.yaml'}` re-runs the final phase\n"
+        f"# `raysent tune --final-only --config {where}` re-runs the final phase\n"
         + yaml.safe_dump(best_cfg, sort_keys=False))
 
 

@@ -27,6 +27,28 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def portable(obj: Any, exp: Path) -> Any:
+    """``obj`` with every path inside the experiment's folder made relative to it (what the file holds: the
+    folder can move, and a committed one names no machine); the folder itself as ``<results>/<experiment>``."""
+    root = str(exp.resolve())
+    if isinstance(obj, dict):
+        return {k: portable(v, exp) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [portable(v, exp) for v in obj]
+    if isinstance(obj, str):
+        if obj == root:
+            return f"{exp.parent.name}/{exp.name}"
+        if obj.startswith(root + "/"):
+            return obj[len(root) + 1:]
+        # a store beside it (sqlite:////abs/results/mlflow.db): named from the folder above the results
+        return obj.replace(str(exp.parent.resolve()) + "/", exp.parent.name + "/")
+    return obj
+
+
+def _here(path: str | None, exp: Path) -> str | None:
+    return path if path is None or Path(path).is_absolute() else str(exp.resolve() / path)
+
+
 class ConfigScore(_Model):
     """One searched configuration: its seeds' mean best dev score."""
 
@@ -147,13 +169,19 @@ class SearchState(_Model):
         if not path.is_file():
             return None
         try:
-            return cls.model_validate(json.loads(path.read_text()))
+            state = cls.model_validate(json.loads(path.read_text()))
         except (ValidationError, json.JSONDecodeError) as exc:
             raise RaysentError(f"{path}: not a search state raysent can resume ({str(exc).splitlines()[0]}); "
                                f"delete the folder {exp} to start the search afresh") from None
+        if state.published is not None:  # its paths as they are now (the folder may have moved)
+            p = state.published
+            state.published = p.model_copy(update={
+                "best_model_dir": _here(p.best_model_dir, exp), "cards": [_here(c, exp) for c in p.cards],
+                "model": p.model.model_copy(update={"path": _here(p.model.path, exp)}) if p.model else None})
+        return state
 
     def save(self, exp: Path) -> None:
-        write_json_atomic(exp / STATE_FILE, self.model_dump(mode="json"))
+        write_json_atomic(exp / STATE_FILE, portable(self.model_dump(mode="json"), exp))
 
 
 class Summary(_Model):
@@ -174,4 +202,4 @@ class Summary(_Model):
     publish_error: str | None = None
 
     def save(self, exp: Path) -> None:
-        write_json_atomic(exp / SUMMARY_FILE, self.model_dump(mode="json"))
+        write_json_atomic(exp / SUMMARY_FILE, portable(self.model_dump(mode="json"), exp))

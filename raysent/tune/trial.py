@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from raysent.config import ExperimentConfig, hyperparameters, parse_config, with_overrides
-from raysent.io import write_json_atomic
 from raysent.train.loop import TrainHooks
 from raysent.train.records import RunRecord, TrainSummary, diverged, learned, read_record
 from raysent.train.run import train_in_process, train_stages
@@ -237,14 +236,14 @@ def save_record(path: Path, record: RunRecord, cfg: ExperimentConfig, ctx: Trial
     MLflow fails. Returns the record as written."""
     from raysent.tracking import log_training_run
 
-    write_json_atomic(path, record.to_json())
+    record.to_disk(path)
     m = ctx.mlflow
     if m:
         data = record.to_json()
         run_id = (live.finish(cfg, data, artifacts=on_driver_node(ctx), **mlflow_run) if live is not None else
                   log_training_run(m.uri, m.experiment_id, cfg, data, m.parent, **mlflow_run))
         record = record.model_copy(update={"mlflow_run_id": run_id})
-        write_json_atomic(path, record.to_json())
+        record.to_disk(path)
     return record
 
 

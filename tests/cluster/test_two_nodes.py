@@ -11,7 +11,6 @@ import os
 import shutil
 import socket
 import subprocess
-from pathlib import Path
 
 import psutil
 import pytest
@@ -101,7 +100,9 @@ def test_a_search_on_two_nodes_keeps_every_run_in_the_drivers_store(tmp_path):
                 and url.rsplit(":", 1)[1] in " ".join(p.info["cmdline"] or [])]
     exp = results / "two"
     assert not (exp / "search").exists()  # the trials' folders were on the other node's own disk
-    records = [json.loads(p.read_text()) for p in sorted((exp / "runs").glob("*.json"))]
+    from raysent.train.records import read_record
+
+    records = [read_record(p).model_dump(mode="json") for p in sorted((exp / "runs").glob("*.json"))]
     assert sorted(r["phase"] for r in records) == ["final", "final", "search", "search"]
     client = MlflowClient(tracking_uri=f"sqlite:///{results / 'mlflow.db'}")
     assert len({r["node"] for r in records}) == 1  # the second node's (the head has no CPU for a trial)
@@ -113,7 +114,7 @@ def test_a_search_on_two_nodes_keeps_every_run_in_the_drivers_store(tmp_path):
         assert {a.path for a in client.list_artifacts(r["mlflow_run_id"])} >= {"config.yaml", "result.json"}
     # the best final model came here from the other node's disk, with its card, and is registered
     published = json.loads((exp / "summary.json").read_text())["published"]
-    best = Path(published["best_model_dir"])
+    best = exp / published["best_model_dir"]  # relative to the experiment's folder in the file
     assert json.loads((best / "raysent.json").read_text())["method"] == "simcse-unsup"
     assert "— searched best" in (best / "README.md").read_text()
     assert published["registered"]["version"] == "1"

@@ -60,20 +60,35 @@ def _write(tmp_path: Path, data) -> Path:
     return p
 
 
-def test_an_old_record_without_a_version_is_named_with_the_fix(tmp_path):
+def test_an_old_record_is_migrated_when_read(tmp_path):
+    """Version 0 (no schema_version) and 1 (absolute paths of the machine that wrote it) read as version 2: the
+    run's folders where the experiment's folder is now, data files as $RAYSENT_DATA_DIR/<path>; written again,
+    the paths are relative to the experiment's folder."""
     data = _committed()
-    del data["schema_version"]
-    p = _write(tmp_path, data)
-    with pytest.raises(RaysentError, match=r"final-1-abc-seed1.json: a run record without 'schema_version'.*"
-                                           r"add \"schema_version\": 1"):
-        read_run(p)
+    v1 = {**data, "schema_version": 1,
+          "best_model_dir": "/elsewhere/results/exp/final/s1/seed1/best",
+          "config": {**data["config"], "train": {**data["config"]["train"],
+                                                 "output_dir": "/elsewhere/results/exp/final/s1/seed1"}},
+          "eval": {"details": {"sts": {"sources": {"stsb": f"{Path(REPO.parent / 'shared' / 'data')}/sts/STSB/test.tsv"}}}}}
+    for old in (v1, {k: v for k, v in v1.items() if k != "schema_version"}):
+        p = _write(tmp_path, old)
+        rec = read_record(p)
+        assert rec.schema_version == SCHEMA_VERSION == 2
+        assert rec.best_model_dir == str(tmp_path.resolve() / "exp" / "final" / "s1" / "seed1" / "best")
+        assert rec.config["train"]["output_dir"] == str(tmp_path.resolve() / "exp" / "final" / "s1" / "seed1")
+        assert rec.eval["details"]["sts"]["sources"]["stsb"] == "$RAYSENT_DATA_DIR/sts/STSB/test.tsv"
+        rec.to_disk(p)
+        on_disk = json.loads(p.read_text())
+        assert on_disk["best_model_dir"] == "final/s1/seed1/best" and on_disk["schema_version"] == 2
+        assert read_record(p).best_model_dir == rec.best_model_dir  # and back
+        assert read_run(p).hp == data["hp"]
 
 
 def test_a_foreign_or_newer_record_is_refused(tmp_path):
     with pytest.raises(RaysentError, match="not a raysent run record"):
         read_record(_write(tmp_path, {"run": 1, "accuracy": 0.5}))
-    with pytest.raises(RaysentError, match="schema_version 2; this raysent reads version 1"):
-        read_record(_write(tmp_path, {**_committed(), "schema_version": 2}))
+    with pytest.raises(RaysentError, match="schema_version 3; this raysent reads versions up to 2"):
+        read_record(_write(tmp_path, {**_committed(), "schema_version": 3}))
     with pytest.raises(RaysentError, match="expected a JSON object, found list"):
         read_record(_write(tmp_path, [1, 2]))
 
@@ -90,11 +105,23 @@ def test_a_damaged_field_is_named(tmp_path):
 
 
 def test_raysent_table_exits_2_on_a_bad_record(tmp_path, capsys):
-    data = _committed()
-    del data["schema_version"]
-    _write(tmp_path, data)
+    p = _write(tmp_path, {**_committed(), "colour": "blue"})
     assert main(["table", "exp", "--results-dir", str(tmp_path)]) == 2
-    assert "add \"schema_version\": 1" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert str(p) in err and "field 'colour'" in err and "Delete each broken file" in err
+
+
+def test_no_committed_result_names_a_machine():
+    """Every file under results/ in the repository holds paths relative to its results folder or the data
+    folder, never the absolute paths of the machine that wrote it."""
+    import re
+    import subprocess
+
+    pattern = re.compile(r'(?<![\w:.~$-])/(?:work|home|root|tmp|usr|mnt|Users|var|opt|srv|data)/[^\s"\'`)]*')
+    files = subprocess.run(["git", "ls-files", "results"], capture_output=True, text=True, cwd=REPO).stdout.split()
+    assert len(files) > 250
+    found = {f: pattern.findall((REPO / f).read_text(errors="ignore"))[:2] for f in files if not f.endswith(".png")}
+    assert not {f: m for f, m in found.items() if m}
 
 
 def test_learned_is_step_zero_or_not():

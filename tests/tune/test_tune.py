@@ -24,6 +24,13 @@ from conftest import tiny_experiment as experiment
 pytestmark = [pytest.mark.slow, pytest.mark.shared]
 
 
+def record(path: Path) -> dict:
+    """A run record as read (its folders absolute), as plain data."""
+    from raysent.train.records import read_record
+
+    return read_record(path).model_dump(mode="json")
+
+
 SEARCH = """\
   algorithm: optuna
   warm_start: none   # the order below is Optuna's own (search.warm_start is tested on its own)
@@ -46,7 +53,7 @@ def test_search_seeds_failures_final_phase_and_mlflow(ray_cluster, tmp_path):
     cfg = load_config(experiment(tmp_path, "tiny", SEARCH, "[7, 8]", tracking=", log_model: all"))
     summary = tune_experiment(cfg, quiet=True).model_dump(mode="json")  # what summary.json holds
     exp = tmp_path / "results" / "tiny"
-    records = [json.loads(p.read_text()) for p in sorted((exp / "runs").glob("*.json"))]
+    records = [record(p) for p in sorted((exp / "runs").glob("*.json"))]
     search = [r for r in records if r["phase"] == "search"]
     final = [r for r in records if r["phase"] == "final"]
 
@@ -181,7 +188,7 @@ def test_an_interrupted_search_resumes_with_no_trial_lost_or_repeated(ray_cluste
     path = experiment(tmp_path, "resumable", RESUME_SEARCH, "[1]", sts_sets="[stsb]")  # the search is the point
     runs = tmp_path / "results" / "resumable" / "runs"
     summary = interrupt_and_resume(ray_cluster, path, runs, expected=4, trial_per_record=True)
-    records = [json.loads(p.read_text()) for p in runs.glob("search-*.json")]
+    records = [record(p) for p in runs.glob("search-*.json")]
     # 2 configurations x 2 seeds, each run exactly once
     assert len(records) == 4 and len({r["trial_id"] for r in records}) == 4
     assert all((Path(r["best_model_dir"]).parent / "checkpoint" / "state.pt").is_file() for r in records)  # kept
@@ -243,9 +250,9 @@ def test_trials_training_in_their_own_process_reuse_it_even_after_asha_stops_one
     stopped = [t for t in trials if "raysent_record" not in t.last_result]
     finished = [t for t in trials if "raysent_record" in t.last_result]
     assert stopped and finished
-    assert sorted(json.loads(p.read_text())["trial_id"] for p in (exp / "runs").glob("search-*.json")) == \
+    assert sorted(record(p)["trial_id"] for p in (exp / "runs").glob("search-*.json")) == \
         sorted(t.trial_id for t in finished)
-    records = {r["trial_id"]: r for r in (json.loads(p.read_text()) for p in (exp / "stopped").glob("search-*.json"))}
+    records = {r["trial_id"]: r for r in (record(p) for p in (exp / "stopped").glob("search-*.json"))}
     assert sorted(records) == sorted(t.trial_id for t in stopped)
     assert sorted(s["trial_id"] for s in summary["best"]["stopped"]) == sorted(records)
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'results' / 'mlflow.db'}")
@@ -280,8 +287,8 @@ def test_asha_on_the_seed_mean_resumes_and_records_every_seed(ray_cluster, tmp_p
     path = experiment(tmp_path, "asha-seeds", search, "[1]", sts_sets="[stsb]", max_steps=8)
     exp = tmp_path / "results" / "asha-seeds"
     summary = interrupt_and_resume(ray_cluster, path, exp / "runs", expected=6)
-    finished = [json.loads(p.read_text()) for p in (exp / "runs").glob("search-*.json")]
-    stopped = [json.loads(p.read_text()) for p in (exp / "stopped").glob("search-*.json")]
+    finished = [record(p) for p in (exp / "runs").glob("search-*.json")]
+    stopped = [record(p) for p in (exp / "stopped").glob("search-*.json")]
     assert stopped and len(finished) + len(stopped) == 6
     trials = {}
     for r in finished + stopped:
@@ -340,11 +347,11 @@ def test_warm_start_tries_the_papers_setting_first_and_compares_the_best_with_it
     typed = tune_experiment(cfg, quiet=True)
     summary = typed.model_dump(mode="json")
     exp = tmp_path / "results" / "warm"
-    search = sorted(json.loads(p.read_text())["hp"]["lr"] for p in (exp / "runs").glob("search-*.json"))
+    search = sorted(record(p)["hp"]["lr"] for p in (exp / "runs").glob("search-*.json"))
     assert search == pytest.approx([1.0e-9, 1.0e-4, 3.0e-4])  # the grid, and the paper's point
     paper_cid = config_id({"lr": 1.0e-4})
     best_cid = summary["best"]["config_id"]
-    finals = {(r["config_id"], r["seed"]) for r in (json.loads(p.read_text()) for p in (exp / "runs").glob("final-*"))}
+    finals = {(r["config_id"], r["seed"]) for r in (record(p) for p in (exp / "runs").glob("final-*"))}
     # lr 1e-4 lowers raw BERT's SICK-R dev over the first steps (ASHA_SEARCH above); 1e-9 keeps it: 1e-9 wins
     assert best_cid == config_id({"lr": 1.0e-9}) != paper_cid
     assert finals == {(best_cid, 1), (best_cid, 2), (paper_cid, 1), (paper_cid, 2)}
@@ -392,7 +399,7 @@ def test_warm_start_tries_the_papers_setting_first_and_compares_the_best_with_it
     # the final best model (best dev of the winner's final runs) is logged with the sentence_transformers
     # flavour and registered as version 1 of "warm", described by the table and tagged with the outcome
     published = summary["published"]
-    finals_best = max((json.loads(p.read_text()) for p in (exp / "runs").glob(f"final-*-{best_cid}-seed*.json")),
+    finals_best = max((record(p) for p in (exp / "runs").glob(f"final-*-{best_cid}-seed*.json")),
                       key=lambda r: r["best_dev_spearman"])
     assert published["model"]["seed"] == finals_best["seed"] and published["registered"]["version"] == "1"
     version = client.get_model_version("warm", "1")
