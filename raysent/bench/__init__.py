@@ -19,16 +19,8 @@ It writes ``results/bench/<date>.json`` (every number, the versions and the mach
 asserted by tests: tests only check that the speedups change nothing (tests/train/test_speedups.py).
 """
 
-from raysent.bench.runner import (
-                                  METHODS,
-                                  PARTS,
-                                  BenchOptions,
-                                  format_markdown,
-                                  method_config,
-                                  peak_bf16_tflops,
-                                  run_bench,
-                                  write_results,
-)
+from raysent.bench.options import METHODS, PARTS, BenchOptions
+from raysent.bench.runner import format_markdown, method_config, peak_bf16_tflops, run_bench, write_results
 
 __all__ = ["METHODS", "PARTS", "BenchOptions", "format_markdown", "method_config", "peak_bf16_tflops", "run_bench",
            "write_results"]
