@@ -14,21 +14,16 @@ One command run measures, on the same model, batch size and sequence length:
 5. **gpu** (only with a CUDA device): bf16 throughput and model FLOPs utilisation against the
    device's peak.
 
-It writes ``results/bench/<date>.json`` (every number, the versions and the machine) and
-``<date>.md`` (the summary, with the targets the project holds itself to). Timings are never
+It returns a :class:`BenchResult` (:mod:`raysent.bench.result`) and writes it as
+``results/bench/<date>.json`` (every number, the versions and the machine) and ``<date>.md`` (the summary,
+with the targets the project holds itself to; :mod:`raysent.bench.markdown`). Timings are never
 asserted by tests: tests only check that the speedups change nothing (tests/train/test_speedups.py).
 """
 
-from raysent.bench.runner import (
-                                  METHODS,
-                                  PARTS,
-                                  BenchOptions,
-                                  format_markdown,
-                                  method_config,
-                                  peak_bf16_tflops,
-                                  run_bench,
-                                  write_results,
-)
+from raysent.bench.markdown import format_markdown
+from raysent.bench.options import METHODS, PARTS, BenchOptions
+from raysent.bench.result import BenchResult
+from raysent.bench.runner import check_targets, method_config, peak_bf16_tflops, run_bench, write_results
 
-__all__ = ["METHODS", "PARTS", "BenchOptions", "format_markdown", "method_config", "peak_bf16_tflops", "run_bench",
-           "write_results"]
+__all__ = ["METHODS", "PARTS", "BenchOptions", "BenchResult", "check_targets", "format_markdown", "method_config",
+           "peak_bf16_tflops", "run_bench", "write_results"]

@@ -24,14 +24,19 @@ import resource
 import sys
 import tempfile
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 RESULT_PREFIX = "RESULT "
 
 
 class PartFailed(Exception):
-    """A bench part that failed after measuring some of its cases: ``partial`` holds what it measured."""
+    """A bench part that failed after measuring some of its cases: ``partial`` holds what it measured, as the
+    part's section of :class:`raysent.bench.result.BenchResult`."""
 
-    def __init__(self, partial: dict):
+    def __init__(self, partial: BaseModel):
         super().__init__("the part failed midway")
         self.partial = partial
 

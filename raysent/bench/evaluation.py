@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import time
 
+from raysent.bench.result import EvaluationResult, EvaluationSeconds, ScoreComparison, SentencesEmbedded
 from raysent.data import STS_TASKS, load
 
 SCORE_TOLERANCE = 0.01  # Spearman x100: the two may differ only by float rounding of the embeddings
 
 
 def bench_evaluation(model: str, max_length: int = 256, repeats: int = 2, tasks=STS_TASKS,
-                     say=lambda m: None) -> dict:
+                     say=lambda m: None) -> EvaluationResult:
     import torch
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.evaluation import EmbeddingSimilarityEvaluator
@@ -56,16 +57,16 @@ def bench_evaluation(model: str, max_length: int = 256, repeats: int = 2, tasks=
     for t in tasks:
         a = ours["tasks"][t]["spearman_all"]
         b = theirs[t][f"{t}_spearman_cosine"] * 100.0
-        rows[t] = {"raysent": a, "sentence_transformers": b, "difference": a - b}
+        rows[t] = ScoreComparison(raysent=a, sentence_transformers=b, difference=a - b)
     n_sentences = sum(2 * len(d) for d in data.values())
     distinct = len({s for d in data.values() for s in d.sentences()})
-    return {
-        "model": model, "max_length": max_length, "repeats": repeats,
-        "raysent_seconds": min(ours_times), "sentence_transformers_seconds": min(st_times),
-        "all_seconds": {"raysent": ours_times, "sentence_transformers": st_times},
-        "speedup": min(st_times) / min(ours_times),
-        "scores": rows, "max_abs_difference": max(abs(r["difference"]) for r in rows.values()),
-        "equal_scores": all(abs(r["difference"]) <= SCORE_TOLERANCE for r in rows.values()),
-        "tolerance": SCORE_TOLERANCE,
-        "sentences_embedded": {"raysent": distinct, "sentence_transformers": n_sentences},
-    }
+    return EvaluationResult(
+        model=model, max_length=max_length, repeats=repeats,
+        raysent_seconds=min(ours_times), sentence_transformers_seconds=min(st_times),
+        all_seconds=EvaluationSeconds(raysent=ours_times, sentence_transformers=st_times),
+        speedup=min(st_times) / min(ours_times),
+        scores=rows, max_abs_difference=max(abs(r.difference) for r in rows.values()),
+        equal_scores=all(abs(r.difference) <= SCORE_TOLERANCE for r in rows.values()),
+        tolerance=SCORE_TOLERANCE,
+        sentences_embedded=SentencesEmbedded(raysent=distinct, sentence_transformers=n_sentences),
+    )

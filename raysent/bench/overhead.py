@@ -29,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from raysent.bench.result import OverheadResult
+
 
 class RayCpu:
     """CPU time of this machine's Ray processes (and of this one) while a way runs, from /proc (Linux).
@@ -137,7 +139,7 @@ def _tune_trials(cfg, trials: int, trial_cpus: float, root: Path) -> list[float]
     return [b - a for a, b in zip([t0, *ends[:-1]], ends)]
 
 
-def bench_overhead(raw_config: dict, steps: int, cpus: float, trials: int = 2, say=lambda m: None) -> dict:
+def bench_overhead(raw_config: dict, steps: int, cpus: float, trials: int = 2, say=lambda m: None) -> OverheadResult:
     import ray
     import torch
 
@@ -203,8 +205,8 @@ def bench_overhead(raw_config: dict, steps: int, cpus: float, trials: int = 2, s
     return _ratios(out)
 
 
-def _ratios(out: dict) -> dict:
-    """Each way's time ÷ the bare loop's, for the ways measured."""
+def _ratios(out: dict) -> OverheadResult:
+    """The ways measured, each one's time ÷ the bare loop's added."""
     for way in ("tune_trial", "tune_in_trial"):
         each = out.get(f"{way}_each")
         if each:
@@ -214,4 +216,4 @@ def _ratios(out: dict) -> dict:
         if out.get(f"{way}_seconds") is not None and "bare_seconds" in out:
             out[f"{way}_ratio"] = out[f"{way}_seconds"] / out["bare_seconds"]
             out[f"{way}_overhead"] = out[f"{way}_ratio"] - 1.0
-    return out
+    return OverheadResult.model_validate(out)

@@ -79,10 +79,10 @@ def run(args) -> int:
     json_path, md_path = write_results(result, opts.output_dir)
     print(format_markdown(result))
     print(f"written: {json_path} and {md_path}")
-    if result.get("interrupted"):
+    if result.interrupted:
         return 130
-    if result.get("failed"):
-        print(f"raysent bench: failed: {', '.join(result['failed'])} (the others were measured and written)",
+    if result.failed:
+        print(f"raysent bench: failed: {', '.join(result.failed)} (the others were measured and written)",
               file=sys.stderr)
         return 1
     return 0

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from raysent.bench import BenchOptions, format_markdown
+from raysent.bench import BenchOptions, BenchResult, format_markdown
 from raysent.errors import RaysentError
 
 from conftest import PARAPHRASE, RAW_BERT, run_cli
@@ -48,16 +48,18 @@ def test_bench_training_speedups_and_evaluation_write_json_and_markdown(tmp_path
                                  "sg_opt_cached_views"}
     assert r["targets"]["tune_train_overhead"]["met"] is None  # that part did not run
     md = files[1].read_text()
-    assert md == format_markdown(r) and md in proc.stdout
+    assert md == format_markdown(BenchResult.model_validate(r)) and md in proc.stdout
     for heading in ("## Targets", "## Training throughput", "## Speedups", "## STS evaluation (1 test sets)"):
         assert heading in md
 
 
 def test_bench_overhead_runs_the_same_training_four_ways(ray_cluster, monkeypatch):
+    import datetime
     import os
 
     from raysent.bench import method_config
     from raysent.bench.overhead import bench_overhead
+    from raysent.bench.result import Machine
 
     # as the README runs it (RAYSENT_MODEL_DIR=../shared/models): Tune trials and Train workers run in other
     # folders, so the path must reach them made absolute
@@ -69,25 +71,28 @@ def test_bench_overhead_runs_the_same_training_four_ways(ray_cluster, monkeypatc
     raw["train"].update({"eval_at_start": False, "eval_every": 2})
     r = bench_overhead(raw, steps=3, cpus=1.0, trials=2)
     for way in ("bare", "ray_train", "tune_trial", "tune_trial_next", "tune_in_trial", "tune_in_trial_next"):
-        assert r[f"{way}_seconds"] > 0
-    for way in ("tune_trial", "tune_in_trial"):  # each trial timed, the first apart from the later ones
-        assert len(r[f"{way}_each"]) == 2 and r[f"{way}_seconds"] == r[f"{way}_each"][0]
-        assert r[f"{way}_next_seconds"] == r[f"{way}_each"][1]
-    assert r["ray_train_ratio"] == pytest.approx(r["ray_train_seconds"] / r["bare_seconds"])
-    assert r["tune_trial_next_overhead"] == pytest.approx(r["tune_trial_next_ratio"] - 1)
-    assert r["torch_threads"]["ray_train"] == 1  # one CPU for the worker: one torch thread
+        assert getattr(r, f"{way}_seconds") > 0
+    # each trial timed, the first apart from the later ones
+    assert len(r.tune_trial_each) == 2 and r.tune_trial_seconds == r.tune_trial_each[0]
+    assert r.tune_trial_next_seconds == r.tune_trial_each[1]
+    assert len(r.tune_in_trial_each) == 2 and r.tune_in_trial_seconds == r.tune_in_trial_each[0]
+    assert r.tune_in_trial_next_seconds == r.tune_in_trial_each[1]
+    assert r.ray_train_ratio == pytest.approx(r.ray_train_seconds / r.bare_seconds)
+    assert r.tune_trial_next_overhead == pytest.approx(r.tune_trial_next_ratio - 1)
+    assert r.torch_threads.ray_train == 1  # one CPU for the worker: one torch thread
     # where the Ray Train run's time went, from its own summary: the parts fit inside its wall time
-    ph = r["ray_train_phases"]
+    ph = r.ray_train_phases
     assert ph["until_worker_runs"] > 0 and ph["eval_seconds"] > 0 and ph["checkpoint_seconds"] > 0
-    assert ph["until_worker_runs"] + ph["build_method"] + ph["prepare_data"] + ph["eval_seconds"] < r["ray_train_seconds"]
-    assert r["bare_phases"]["eval_seconds"] < r["bare_seconds"]
-    md = format_markdown({"options": {**BenchOptions().__dict__}, "started": "now",
-                          "machine": {"cpus": 2, "torch": "t", "torch_threads": 1, "cuda": None, "transformers": "t",
-                                      "sentence_transformers": "s", "ray": "r"}, "overhead": r})
+    assert ph["until_worker_runs"] + ph["build_method"] + ph["prepare_data"] + ph["eval_seconds"] < r.ray_train_seconds
+    assert r.bare_phases["eval_seconds"] < r.bare_seconds
+    md = format_markdown(BenchResult(
+        options=BenchOptions(), started=datetime.datetime(2026, 11, 26, 9, 30), overhead=r,
+        machine=Machine(platform="p", python="3", cpus=2, torch="t", transformers="t", torch_threads=1, cuda=None,
+                        ray="r", sentence_transformers="s")))
     assert "Tune trial training in its own process: each later one" in md and "until worker runs" in md
     # the CPU Ray's processes took while each way ran: the busiest one trained
-    assert r["ray_train_cpu"]["trainer"] == "ray::RayTrainWorker" and r["ray_train_cpu"]["others_percent"] > 0
-    assert r["tune_in_trial_cpu"]["trainer"].startswith("ray::ImplicitFunc")
+    assert r.ray_train_cpu.trainer == "ray::RayTrainWorker" and r.ray_train_cpu.others_percent > 0
+    assert r.tune_in_trial_cpu.trainer.startswith("ray::ImplicitFunc")
     assert "CPU while the Ray Train run ran" in md
 
 

@@ -1,0 +1,62 @@
+"""What one ``raysent bench`` run measures (:class:`BenchOptions`, the command's flags) and the names its
+options may take."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from raysent.errors import RaysentError
+
+Part = Literal["training", "speedups", "evaluation", "overhead", "gpu"]
+PARTS: tuple[Part, ...] = ("training", "speedups", "evaluation", "overhead", "gpu")
+SPEEDUPS = ("length_buckets", "concat_views", "cache_views", "huge_pages", "all_speedups", "grad_cache")
+STS_SETS = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
+METHODS = ("simcse-unsup", "simcse-sup", "sg", "sg-opt", "consert", "layeratt", "supcon", "sbert-nli")
+
+
+@dataclass
+class BenchOptions:
+    model: str = "paraphrase-MiniLM-L3-v2"
+    batch_size: int = 64
+    max_length: int = 32
+    warmup: int = 3
+    steps: int = 20
+    parts: list[str] = field(default_factory=lambda: list(PARTS))
+    methods: list[str] = field(default_factory=lambda: list(METHODS))
+    overhead_steps: int = 200
+    overhead_trials: int = 2  # Tune trials per Tune way, one after another, as a search runs them
+    eval_repeats: int = 2
+    eval_max_length: int = 256
+    eval_sets: list[str] = field(default_factory=lambda: list(STS_SETS))
+    speedups: list[str] = field(default_factory=lambda: list(SPEEDUPS))
+    cpus: float = 2.0
+    threads: int | None = None
+    output_dir: str = "results/bench"
+    peak_tflops: float | None = None
+    grad_cache_batch: int = 512  # the gradient-caching case: a batch large enough for activations to matter
+    grad_cache_rows: int | None = None  # default: an eighth of that batch
+
+    def check(self) -> None:
+        bad = [p for p in self.parts if p not in PARTS]
+        if bad:
+            raise RaysentError(f"--parts: unknown part(s) {', '.join(bad)}; allowed: {', '.join(PARTS)}")
+        from raysent.methods import METHODS as REGISTERED
+
+        bad = [m for m in self.methods if m not in REGISTERED or not REGISTERED[m].trains]
+        if bad:
+            raise RaysentError(f"--methods: unknown or non-training method(s) {', '.join(bad)}; allowed: "
+                               f"{', '.join(m for m, c in REGISTERED.items() if c.trains)}")
+        if self.batch_size < 2 or self.grad_cache_batch < 2:
+            raise RaysentError("--batch-size and --grad-cache-batch must be at least 2")
+        bad = [t for t in self.speedups if t not in SPEEDUPS]
+        if bad:
+            raise RaysentError(f"--speedups: unknown speedup(s) {', '.join(bad)}; allowed: {', '.join(SPEEDUPS)}")
+        bad = [t for t in self.eval_sets if t not in STS_SETS]
+        if bad or not self.eval_sets:
+            raise RaysentError(f"--eval-sets: unknown set(s) {', '.join(bad) or '(none given)'}; allowed: "
+                               f"{', '.join(STS_SETS)}")
+        if self.overhead_trials < 1:
+            raise RaysentError("--overhead-trials must be >= 1")
+        if self.steps < 2 or self.warmup < 1:
+            raise RaysentError("--steps must be >= 2 and --warmup >= 1")

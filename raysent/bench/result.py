@@ -1,0 +1,219 @@
+"""The record of one ``raysent bench`` run, typed: :class:`BenchResult` is what :func:`raysent.bench.run_bench`
+returns, what ``results/bench/<date>-<time>.json`` holds (its JSON keys are these fields' names) and what
+:func:`raysent.bench.format_markdown` reads.
+
+One section per part, None where the part did not run. A part that fails after measuring some of its cases
+may keep those (``failed`` names it; the overhead part keeps its ways measured before the one that failed), so
+the fields a part fills late are optional. On disk a section holds what was measured and nothing more: a field
+never set is left out, not written as null (:meth:`BenchResult.to_json`).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from raysent.bench.options import BenchOptions, Part
+
+
+class _Model(BaseModel):
+    # NaN (a loss that diverged) is written as NaN, as json.dump writes it, not as null
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
+
+
+class CaseResult(_Model):
+    """One training case as :mod:`raysent.bench.cases` measured it in its own process (a raysent method's or
+    sentence-transformers' MNRL), and on a GPU its model FLOPs."""
+
+    # the case's process reports more than the summary reads (device, precision, threads, loss, data, optimizer,
+    # and each kind of case its own): kept as it came, so that the file holds every number that was measured
+    model_config = ConfigDict(extra="allow")
+
+    steps: int = Field(description="timed steps")
+    seconds: float
+    steps_per_second: float
+    sentences_per_second: float
+    peak_rss_mib: float
+    cuda_peak_mib: float | None = Field(description="None without a GPU")
+    prepare: dict[str, Any] | None = Field(default=None, description="what a method computed before training "
+                                                                     "(sg-opt's view cache); absent for st-mnrl")
+    real_tokens_per_step: float | None = Field(default=None, description="non-padding tokens (methods only)")
+    encoder_params_non_embedding: int | None = Field(default=None, description="methods only")
+    model_tflops: float | None = Field(default=None, description="the gpu part: 6·N·tokens per second")
+    mfu: float | None = Field(default=None, description="the gpu part: model_tflops ÷ the device's bf16 peak")
+
+
+class TrainingResult(_Model):
+    """The training part: each method's case, sentence-transformers' MNRL, and each method's steps/s ÷ MNRL's."""
+
+    methods: dict[str, CaseResult]
+    st_mnrl: CaseResult
+    steps_per_second_vs_st_mnrl: dict[str, float]
+
+
+class SpeedupResult(_Model):
+    """One speedup on (raysent's default) and off, everything else equal."""
+
+    method: str
+    on: CaseResult
+    off: CaseResult
+    on_settings: dict[str, Any] | Literal["defaults"] = Field(description="the train settings of 'on'")
+    off_settings: dict[str, Any]
+    speedup: float = Field(description="steps/s on ÷ off")
+    peak_rss_ratio: float = Field(description="peak RSS on ÷ off")
+
+
+class ScoreComparison(_Model):
+    """One STS test set's Spearman ×100 on both sides."""
+
+    raysent: float
+    sentence_transformers: float
+    difference: float
+
+
+class EvaluationSeconds(_Model):
+    raysent: list[float]
+    sentence_transformers: list[float]
+
+
+class SentencesEmbedded(_Model):
+    raysent: int  # each distinct sentence once
+    sentence_transformers: int
+
+
+class EvaluationResult(_Model):
+    """The evaluation part: raysent's STS evaluation against sentence-transformers' EmbeddingSimilarityEvaluator
+    (:mod:`raysent.bench.evaluation`)."""
+
+    model: str
+    max_length: int
+    repeats: int
+    raysent_seconds: float = Field(description="the fastest of the repeats")
+    sentence_transformers_seconds: float
+    all_seconds: EvaluationSeconds
+    speedup: float
+    scores: dict[str, ScoreComparison]
+    max_abs_difference: float
+    equal_scores: bool = Field(description="every set's scores within the tolerance")
+    tolerance: float
+    sentences_embedded: SentencesEmbedded
+
+
+class CpuShare(_Model):
+    """CPU of Ray's processes while a way ran, % of one core (:meth:`raysent.bench.overhead.RayCpu.summary`)."""
+
+    trainer: str
+    trainer_percent: float
+    others_percent: float
+    processes: int
+    others: dict[str, float]
+
+
+class TorchThreads(_Model):
+    bare: int
+    ray_train: int
+
+
+class OverheadResult(_Model):
+    """The overhead part: the same run bare, on Ray Train and in Tune trials (:mod:`raysent.bench.overhead`), in
+    the order it measures them; ``<way>_ratio`` is the way's seconds ÷ the bare loop's and ``<way>_overhead`` that
+    minus one. Only the run's settings are always there: a way that failed, and those after it, are left out."""
+
+    steps: int
+    batch_size: int
+    eval_every: int
+    trials: int = Field(default=1, description="Tune trials per Tune way (records before it ran one)")
+    bare_seconds: float | None = None
+    bare_train_seconds: float | None = None
+    bare_phases: dict[str, float] = Field(default_factory=dict)
+    ray_init_seconds: float | None = Field(default=None, description="None: Ray was already started")
+    ray_train_seconds: float | None = None
+    ray_train_cpu: CpuShare | None = Field(default=None, description="None where /proc cannot be read")
+    ray_train_train_seconds: float | None = None
+    ray_train_phases: dict[str, float] = Field(default_factory=dict)
+    torch_threads: TorchThreads | None = None
+    tune_trial_each: list[float] = Field(default_factory=list, description="each trial's seconds, in turn")
+    tune_in_trial_each: list[float] = Field(default_factory=list)
+    tune_in_trial_cpu: CpuShare | None = None
+    tune_trial_seconds: float | None = Field(default=None, description="the first trial")
+    tune_trial_next_seconds: float | None = Field(default=None, description="the mean of the later trials")
+    tune_in_trial_seconds: float | None = None
+    tune_in_trial_next_seconds: float | None = None
+    ray_train_ratio: float | None = None
+    ray_train_overhead: float | None = None
+    tune_trial_ratio: float | None = None
+    tune_trial_overhead: float | None = None
+    tune_trial_next_ratio: float | None = None
+    tune_trial_next_overhead: float | None = None
+    tune_in_trial_ratio: float | None = None
+    tune_in_trial_overhead: float | None = None
+    tune_in_trial_next_ratio: float | None = None
+    tune_in_trial_next_overhead: float | None = None
+
+
+class GpuResult(_Model):
+    """The gpu part: bf16 and fp32 cases on the device, or why it did not run (then nothing else is set)."""
+
+    skipped: str | None = None
+    device: str | None = None
+    peak_bf16_tflops: float | None = Field(default=None, description="None: a device not in PEAK_BF16_TFLOPS")
+    cases: dict[str, CaseResult] = Field(default_factory=dict)
+
+
+class Target(_Model):
+    value: float | None = Field(description="None: not measured")
+    target: float
+    met: bool | None
+
+
+class Targets(_Model):
+    """What the project promises (issue "Performance"), checked against what was measured
+    (:func:`raysent.bench.runner.check_targets`)."""
+
+    simcse_unsup_vs_st_mnrl: Target
+    evaluation_speedup: Target
+    tune_train_overhead: Target  # lower is better
+    sg_opt_cached_views: Target
+
+
+class Machine(_Model):
+    platform: str
+    python: str
+    cpus: int | None
+    torch: str
+    transformers: str
+    torch_threads: int
+    cuda: str | None = Field(description="the GPU's name; None without one")
+    ray: str | None = Field(description="None: not installed")
+    sentence_transformers: str | None
+
+
+class BenchResult(_Model):
+    """One ``raysent bench`` run."""
+
+    # a part's section, or what a failed part measured, is checked against its type as the run records it
+    model_config = ConfigDict(validate_assignment=True)
+
+    options: BenchOptions
+    started: _dt.datetime = Field(description="local time, to the second")
+    machine: Machine
+    training: TrainingResult | None = None
+    speedups: dict[str, SpeedupResult] | None = None
+    evaluation: EvaluationResult | None = None
+    overhead: OverheadResult | None = None
+    gpu: GpuResult | None = None
+    failed: dict[Part, str] = Field(default_factory=dict, description="each failed part's error")
+    interrupted: Part | None = Field(default=None, description="the part Ctrl-C stopped; none ran after it")
+    targets: Targets | None = None
+    seconds: float | None = Field(default=None, description="the whole run's wall time")
+
+    def measured(self, part: Part) -> bool:
+        """Whether ``part`` left a section: all of it, or what it measured before it failed."""
+        return getattr(self, part) is not None
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as plain data for ``json.dump``: only what was set, so a part or a way that did not run is
+        absent, not null."""
+        return self.model_dump(mode="json", exclude_unset=True)
