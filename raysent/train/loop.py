@@ -205,12 +205,10 @@ def build_optimizer(cfg: ExperimentConfig, method: Method, total_steps: int):
 
 # --------------------------------------------------------------------------- the loop
 def run_training(cfg: ExperimentConfig, method: Method, data: TokenizedData, dev_specs: list[str],
-                 hooks: TrainHooks, groups: np.ndarray | None = None,
-                 fail_at_step: int | None = None, record: dict | None = None) -> TrainSummary:
+                 hooks: TrainHooks, groups: np.ndarray | None = None, record: dict | None = None) -> TrainSummary:
     """Train ``method`` on ``data``; returns the run summary (also written to result.json on rank 0).
 
-    ``fail_at_step`` raises once at that step (tests of recovery; only when no checkpoint is being
-    resumed). ``record`` is merged into the summary (e.g. a description of the data).
+    ``record`` is merged into the summary (e.g. a description of the data).
     """
     t = cfg.train
     set_seed(t.seed, hooks.rank)
@@ -256,7 +254,6 @@ def run_training(cfg: ExperimentConfig, method: Method, data: TokenizedData, dev
             link_tree(restored / BEST_DIR, best_dir)
         hooks.log(f"resumed from {hooks.restored_from} at step {state.step} (best dev {state.best_score:.2f} at "
                   f"step {state.best_step})")
-        fail_at_step = None
         resumed_at = state.step
 
     dev_sets = None
@@ -342,9 +339,6 @@ def run_training(cfg: ExperimentConfig, method: Method, data: TokenizedData, dev
     while state.step < total and not stop:
         epoch_batches = batches.epoch(state.epoch)
         while state.batch_in_epoch < len(epoch_batches) and state.step < total and not stop:
-            if fail_at_step is not None and state.step == fail_at_step:
-                fail_at_step = None
-                raise RuntimeError(f"injected failure at step {state.step} (test of recovery)")
             idx = local_part(epoch_batches[state.batch_in_epoch], hooks.rank, world)
             loss = stepper.step(data.collate(idx), state.step)
             state.step += 1

@@ -117,8 +117,7 @@ def delete_checkpoints(cfg: ExperimentConfig) -> None:
         shutil.rmtree(stage_out / "checkpoint", ignore_errors=True)
 
 
-def train_once(cfg: ExperimentConfig, hooks: TrainHooks, fail_at_step: int | None = None,
-               startup: dict | None = None) -> TrainSummary:
+def train_once(cfg: ExperimentConfig, hooks: TrainHooks, startup: dict | None = None) -> TrainSummary:
     """One stage of one run, the same on every path (in this process, in a Tune trial, on each Ray Train
     worker): build the method, prepare its data, run the loop with ``hooks``. Returns the loop's summary with
     ``data`` (what it trained on) and ``startup`` (seconds to build the method and to prepare the data)."""
@@ -128,12 +127,11 @@ def train_once(cfg: ExperimentConfig, hooks: TrainHooks, fail_at_step: int | Non
     data, groups, info = prepare_data(cfg, method)
     startup = {**(startup or {}), "build_method_seconds": built - t,
                "prepare_data_seconds": time.perf_counter() - built}
-    return run_training(cfg, method, data, cfg.data.dev, hooks, groups=groups, fail_at_step=fail_at_step,
+    return run_training(cfg, method, data, cfg.data.dev, hooks, groups=groups,
                         record={"data": info, "startup": startup})
 
 
 def train_in_process(cfg: ExperimentConfig, resume: bool = False, quiet: bool = False,
-                     fail_at_step: int | None = None,
                      hooks: Callable[..., TrainHooks] = TrainHooks) -> TrainSummary:
     """Every stage of a run with the loop in this process (`raysent train` without resources.workers, and a
     Tune trial that trains in its own process, with ``hooks`` that report to Tune: the hooks' class, or a
@@ -143,7 +141,7 @@ def train_in_process(cfg: ExperimentConfig, resume: bool = False, quiet: bool = 
     def train_one(stage_cfg: ExperimentConfig) -> TrainSummary:
         out = stage_cfg.output_dir()
         t0 = time.time()
-        summary = train_once(stage_cfg, hooks(out, resume=resume, quiet=quiet), fail_at_step=fail_at_step)
+        summary = train_once(stage_cfg, hooks(out, resume=resume, quiet=quiet))
         return finish(stage_cfg, summary, out, t0)
 
     return train_stages(cfg, train_one, resume=resume, log=(lambda m: None) if quiet else stderr)
