@@ -255,7 +255,7 @@ def last_worker_dies_at_step_15(config: dict) -> None:
     ray_train.train_worker(config)
 
 
-def test_a_dying_worker_is_replaced_and_the_run_resumes_exactly(two_worker_run, monkeypatch):
+def test_a_dying_worker_is_replaced_and_the_run_resumes_exactly(ray_cluster, two_worker_run, monkeypatch):
     import ray.cloudpickle
     from ray.util.state import list_actors
 
@@ -266,8 +266,9 @@ def test_a_dying_worker_is_replaced_and_the_run_resumes_exactly(two_worker_run, 
     cfg = with_overrides(load_config(tmp / "exp.yaml"), {"train.output_dir": str(tmp / "crash")})
 
     def controllers() -> dict:
-        return {a.actor_id: a for a in list_actors(filters=[("class_name", "=", "TrainController"),
-                                                             ("state", "=", "ALIVE")], detail=True)}
+        # this session's Ray by its address: with another Ray on the machine, "the" Ray is ambiguous
+        return {a.actor_id: a for a in list_actors(address=ray_cluster, detail=True, filters=[
+            ("class_name", "=", "TrainController"), ("state", "=", "ALIVE")])}
 
     sigint, before = signal.getsignal(signal.SIGINT), controllers()
     # the workers cannot import this test module: the function goes to them by value
