@@ -15,10 +15,10 @@ check: lint typecheck test  ## what to run before a commit
 lint:
 	ruff check raysent tests
 
-typecheck:  ## the torch-only core (pyproject.toml, [tool.mypy])
+typecheck:  ## the whole torch-only core (pyproject.toml, [tool.mypy]; tests/test_layers.py lists it)
 	mypy
 
-test:  ## the fast tier: no training runs, no Ray (about a minute)
+test:  ## the fast tier: trains nothing, imports no Ray (tests/conftest.py fails a test that does); ~2 min on 2 cores
 	python -m pytest -q -m "not slow" tests
 
 test-all:  ## the whole suite, as CI runs it (.ci/run)

@@ -18,8 +18,9 @@ from __future__ import annotations
 import copy
 import math
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NoReturn
 
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -425,7 +426,7 @@ def _fmt_value(v: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _explain(err: dict, allowed_keys: dict[tuple, list[str]]) -> str:
+def _explain(err: Mapping[str, Any], allowed_keys: dict[tuple, list[str]]) -> str:
     loc, kind, msg = tuple(err["loc"]), err["type"], err["msg"]
     field = ".".join(str(p) for p in loc)
     if kind == "extra_forbidden":
@@ -465,11 +466,10 @@ def _raise_validation(exc: ValidationError, source: str, root, method_cls, prefi
     lines = []
     for err in exc.errors():
         loc = prefix + tuple(err["loc"])
-        err = {**err, "loc": loc}
         if len(loc) >= 3 and loc[:2] == ("search", "space"):
             allowed[loc[:3]] = list(SpaceEntry.model_fields)
         line = _node_line(root, loc)
-        lines.append(f"{source}{f':{line}' if line else ''}: {_explain(err, allowed)}")
+        lines.append(f"{source}{f':{line}' if line else ''}: {_explain({**err, 'loc': loc}, allowed)}")
     raise ConfigError("invalid experiment config\n  " + "\n  ".join(lines))
 
 
@@ -531,7 +531,7 @@ def parse_config(raw: dict, source: str = "<config>", root: yaml.Node | None = N
 def _cross_checks(cfg: ExperimentConfig, method_cls, source: str, root, check_search: bool = True) -> None:
     from raysent.data.datasets import validate_spec
 
-    def fail(path: tuple, msg: str):
+    def fail(path: tuple, msg: str) -> NoReturn:
         line = _node_line(root, path)
         raise ConfigError(f"invalid experiment config\n  {source}{f':{line}' if line else ''}: "
                           f"{'.'.join(map(str, path))}: {msg}")
@@ -565,8 +565,8 @@ def _cross_checks(cfg: ExperimentConfig, method_cls, source: str, root, check_se
             if key not in names:
                 fail(("search", "space", key), f"{key!r} is not a hyperparameter of {cfg.method}"
                      f"{did_you_mean(key, names)}; searchable: {', '.join(sorted(names))}")
-            # each sampled value must itself validate
-            samples = entry.values if entry.type == "choice" else [entry.low, entry.high]
+            # each sampled value must itself validate: a choice's values, a range's low and high
+            samples: list[Any] = entry.values if entry.values is not None else [entry.low, entry.high]
             for value in samples:
                 if entry.type == "int":
                     value = int(value)

@@ -11,8 +11,10 @@ the MLflow store can be written or answers. Every problem found is listed in one
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from raysent.config import ExperimentConfig, with_overrides
@@ -51,16 +53,19 @@ def trial_resources(cfg: ExperimentConfig) -> dict[str, float]:
     return {"CPU": r.cpus_per_worker, "GPU": r.gpus_per_worker}
 
 
+def connected_ray() -> ModuleType | None:
+    """The ray module when this process is connected to a Ray, else None. A process that never imported ray is
+    not connected: the checks import none (seconds, for a run that trains in this process)."""
+    ray = sys.modules.get("ray")
+    return ray if ray is not None and ray.is_initialized() else None
+
+
 def available_resources() -> tuple[dict[str, float], str]:
     """CPUs and GPUs of the Ray this process is connected to, else of this machine; and where they were read."""
-    try:
-        import ray
-
-        if ray.is_initialized():
-            res = ray.cluster_resources()
-            return {"CPU": float(res.get("CPU", 0)), "GPU": float(res.get("GPU", 0))}, "the Ray cluster"
-    except ImportError:
-        pass
+    ray = connected_ray()
+    if ray is not None:
+        res = ray.cluster_resources()
+        return {"CPU": float(res.get("CPU", 0)), "GPU": float(res.get("GPU", 0))}, "the Ray cluster"
     import torch
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -72,13 +77,7 @@ def check_resources(cfg: ExperimentConfig) -> dict[str, Any]:
     shortfall is a note, not an error. Returns what was checked; raises on a local shortfall."""
     need = trial_resources(cfg)
     remote = bool(cfg.resources.address or os.environ.get("RAY_ADDRESS"))
-    try:
-        import ray
-
-        joined = ray.is_initialized()
-    except ImportError:
-        joined = False
-    if remote and not joined:
+    if remote and connected_ray() is None:
         return {"per trial": need, "available": "not checked (a Ray cluster is joined only when the run starts)"}
     have, where = available_resources()
     per = {"CPU": "cpus_per_worker", "GPU": "gpus_per_worker"}

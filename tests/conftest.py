@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -38,6 +41,97 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "shared" in item.keywords:
             item.add_marker(skip)
+
+
+# --------------------------------------------------------------------------- the fast tier trains nothing, imports no Ray
+# `pytest -m "not slow"` keeps that promise: a test not marked slow fails when it, one of its fixtures, or a
+# process it starts (a `raysent` command among them) enters the training loop or imports ray. In this process
+# that is the first import of ray: once a slow test has imported it (the whole suite), a live Ray imports its
+# own modules at any time, and only the fast tier sees every test. So test modules import ray inside the (slow)
+# tests that use it, never as they are collected.
+FAST_TIER = Path(__file__).parent / "fast_tier"
+_spec = importlib.util.spec_from_file_location("raysent_fast_tier_guard", FAST_TIER / "sitecustomize.py")
+assert _spec is not None and _spec.loader is not None
+guard = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(guard)
+_GUARDED = pytest.StashKey[dict]()
+_fast_test: list[str] = []  # the node id of the fast test running now
+
+
+def _train_in_a_fast_test(what: str) -> None:
+    if _fast_test:
+        pytest.fail(f"{_fast_test[0]} is not marked slow but trains ({what}): mark it slow or make it not train",
+                    pytrace=False)
+
+
+guard.watch_training(_train_in_a_fast_test)
+
+
+def _fast_tier_problems(state: dict) -> list[str]:
+    """What the running fast test did against the promise since the last look: ray imported here, or a started
+    process that trained or imported ray."""
+    problems = []
+    if not state["ray"] and "ray" in sys.modules:
+        state["ray"] = True
+        problems.append("imports ray")
+    lines = state["report"].read_text().splitlines()
+    for line in lines[state["lines"]:]:
+        seen = json.loads(line)
+        did = " and ".join(d for d in (f"trains ({seen['trained'][0]})" if seen["trained"] else "",
+                                       f"imports ray ({', '.join(seen['ray'])}, ...)" if seen["ray"] else "") if d)
+        problems.append(f"starts a process that {did}: {' '.join(seen['argv'])}")
+    state["lines"] = len(lines)
+    return problems
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("slow"):
+        return
+    fd, report = tempfile.mkstemp(prefix="raysent-fast-tier-", suffix=".jsonl")
+    os.close(fd)
+    item.stash[_GUARDED] = {"ray": "ray" in sys.modules, "report": Path(report), "lines": 0,
+                            "env": {k: os.environ.get(k) for k in ("PYTHONPATH", guard.REPORT_ENV)}}
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(FAST_TIER), os.environ.get("PYTHONPATH")) if p)
+    os.environ[guard.REPORT_ENV] = report
+    _fast_test[:] = [item.nodeid]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    state = item.stash.get(_GUARDED, None)
+    if state is None:
+        return report
+    problems = _fast_tier_problems(state)
+    if call.when == "teardown":
+        _fast_test.clear()
+        for key, value in state["env"].items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        state["report"].unlink(missing_ok=True)
+    if problems:
+        said = (f"{item.nodeid} is not marked slow, but it " + "; it ".join(problems) +
+                '.\nThe fast tier (pytest -m "not slow") trains nothing and imports no Ray: mark the test slow, or '
+                "make it need neither.")
+        if report.passed:
+            report.outcome, report.longrepr = "failed", said
+        else:
+            report.sections.append(("fast tier", said))
+    return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector):
+    before = "ray" in sys.modules
+    report = yield
+    if isinstance(collector, pytest.Module) and report.passed and not before and "ray" in sys.modules:
+        report.outcome = "failed"
+        report.longrepr = (f"{collector.nodeid} imports ray as it is collected: import it inside the slow tests "
+                           "that use it, or no test not marked slow can be caught importing it (tests/conftest.py)")
+    return report
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 from conftest import REPO
 
 PACKAGE = REPO / "raysent"
@@ -111,3 +113,14 @@ def test_no_private_name_is_imported_from_another_module():
                 found += [f"{path.relative_to(REPO)}:{node.lineno} {a.name}" for a in node.names
                           if a.name.startswith("_") and not a.name.startswith("__")]
     assert not found, "private names imported across modules:\n" + "\n".join(found)
+
+
+def test_mypy_checks_the_whole_core():
+    """pyproject.toml's [tool.mypy] files cover every module of the core (the package's __init__ files too)."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    checked = [REPO / f for f in tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["mypy"]["files"]]
+    _, modules = _graph()
+    core = [path for module, path in modules.items() if _is_core(module)]
+    unchecked = [str(p.relative_to(REPO)) for p in core if not any(p == c or c in p.parents for c in checked)]
+    assert not unchecked, f"core modules mypy does not check: {unchecked}"

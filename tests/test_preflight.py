@@ -12,7 +12,6 @@ import pytest
 from raysent.errors import ModelError
 from raysent.models.encoder import Encoder, check_model
 from raysent.preflight import PreflightError, batch_sizes, preflight
-from raysent.tune.failfast import FailFast, describe
 
 from conftest import RAW_BERT, SHARED, run_cli
 
@@ -120,7 +119,10 @@ class _Wrapped(Exception):
         self.cause = cause
 
 
+@pytest.mark.slow  # a Tune callback: imports ray.tune
 def test_fail_fast_stops_only_when_the_first_n_trials_fail_the_same_way():
+    from raysent.tune.failfast import FailFast, describe
+
     ff = FailFast(3)
     for _ in range(2):
         ff.on_trial_error(0, [], _Trial(_Wrapped(ModelError("model 'x' not found"))))

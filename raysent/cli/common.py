@@ -51,9 +51,8 @@ def disconnect_ray() -> None:
     """Leave Ray before the summary is printed: Ray holds back worker log lines that repeat across
     processes (its log deduplication) and prints what it still holds when the driver disconnects, which
     would otherwise be at exit, after the summary."""
-    import ray
-
-    if ray.is_initialized():
+    ray = sys.modules.get("ray")  # a run in this process never imported it: nothing to leave
+    if ray is not None and ray.is_initialized():
         ray.shutdown()
 
 

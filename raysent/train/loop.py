@@ -183,21 +183,24 @@ def link_tree(src: Path, dst: Path) -> None:
 
 
 # --------------------------------------------------------------------------- optimizer
-def build_optimizer(cfg: ExperimentConfig, method: Method, total_steps: int):
+def build_optimizer(cfg: ExperimentConfig, method: Method,
+                    total_steps: int) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
     from transformers import get_linear_schedule_with_warmup
 
     t = cfg.train
-    decay, no_decay = [], []
+    decay: list[torch.nn.Parameter] = []
+    no_decay: list[torch.nn.Parameter] = []
     for name, p in method.named_parameters():
         if not p.requires_grad:
             continue
         (no_decay if (name.endswith("bias") or "LayerNorm" in name or "layer_norm" in name) else decay).append(p)
-    groups = [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    groups: list[dict[str, Any]] = [{"params": decay, "weight_decay": t.weight_decay},
+                                    {"params": no_decay, "weight_decay": 0.0}]
     # fused: one kernel for every parameter (CPU and CUDA), the same update as the loop over parameters up to
     # float rounding and several times faster on a small model (raysent bench)
     fused = t.fused_adamw and all(p.device.type in ("cpu", "cuda") and p.is_floating_point()
                                   for g in groups for p in g["params"])
-    opt = torch.optim.AdamW([g for g in groups if g["params"]], lr=t.lr, betas=tuple(t.adam_betas), eps=t.adam_eps,
+    opt = torch.optim.AdamW([g for g in groups if g["params"]], lr=t.lr, betas=t.adam_betas, eps=t.adam_eps,
                             **({"fused": True} if fused else {}))
     sched = get_linear_schedule_with_warmup(opt, int(round(t.warmup_ratio * total_steps)), max(total_steps, 1))
     return opt, sched
@@ -205,12 +208,10 @@ def build_optimizer(cfg: ExperimentConfig, method: Method, total_steps: int):
 
 # --------------------------------------------------------------------------- the loop
 def run_training(cfg: ExperimentConfig, method: Method, data: TokenizedData, dev_specs: list[str],
-                 hooks: TrainHooks, groups: np.ndarray | None = None,
-                 fail_at_step: int | None = None, record: dict | None = None) -> TrainSummary:
+                 hooks: TrainHooks, groups: np.ndarray | None = None, record: dict | None = None) -> TrainSummary:
     """Train ``method`` on ``data``; returns the run summary (also written to result.json on rank 0).
 
-    ``fail_at_step`` raises once at that step (tests of recovery; only when no checkpoint is being
-    resumed). ``record`` is merged into the summary (e.g. a description of the data).
+    ``record`` is merged into the summary (e.g. a description of the data).
     """
     t = cfg.train
     set_seed(t.seed, hooks.rank)
@@ -244,19 +245,19 @@ def run_training(cfg: ExperimentConfig, method: Method, data: TokenizedData, dev
     if restored is not None:
         ckpt = torch.load(restored / STATE_FILE, map_location=device, weights_only=False)
         method.load_state_dict(ckpt["method"])
-        if optimizer is not None:
+        if optimizer is not None and scheduler is not None:
             optimizer.load_state_dict(ckpt["optimizer"])
             scheduler.load_state_dict(ckpt["scheduler"])
         if scaler is not None and ckpt.get("scaler"):
             scaler.load_state_dict(ckpt["scaler"])
         state = TrainState(**ckpt["state"])
         set_rng_state(ckpt["rng"][hooks.rank])
-        if best_dir is not None and (restored / BEST_DIR).is_dir() and restored.resolve() != scratch.resolve():
+        if (scratch is not None and best_dir is not None and (restored / BEST_DIR).is_dir()
+                and restored.resolve() != scratch.resolve()):
             shutil.rmtree(best_dir, ignore_errors=True)
             link_tree(restored / BEST_DIR, best_dir)
         hooks.log(f"resumed from {hooks.restored_from} at step {state.step} (best dev {state.best_score:.2f} at "
                   f"step {state.best_step})")
-        fail_at_step = None
         resumed_at = state.step
 
     dev_sets = None
@@ -270,20 +271,21 @@ def run_training(cfg: ExperimentConfig, method: Method, data: TokenizedData, dev
     # where the time of this process goes (this run only, not a resumed run's earlier part): the bench's breakdown
     phases = {"eval_seconds": 0.0, "checkpoint_seconds": 0.0, "report_seconds": 0.0}
 
-    def evaluate() -> dict | None:
+    def evaluate() -> dict:
+        """The dev scores: computed on rank 0, the same on every worker."""
         t0 = time.perf_counter()
-        scores = None
-        if hooks.rank == 0:
-            scores = evaluate_dev(embedder, sets=dev_sets)
-        scores = hooks.broadcast(scores)
+        scores: dict = hooks.broadcast(evaluate_dev(embedder, sets=dev_sets) if hooks.rank == 0 else None)
         phases["eval_seconds"] += time.perf_counter() - t0
         return scores
+
+    def current_lr() -> float:
+        return float(scheduler.get_last_lr()[0]) if scheduler is not None else 0.0
 
     def checkpoint_and_report(metrics: dict, improved: bool) -> None:
         t0 = time.perf_counter()
         rng = hooks.all_gather_object(rng_state())
         ckpt_dir = None
-        if hooks.rank == 0:
+        if scratch is not None and best_dir is not None:  # rank 0
             if improved:
                 tmp_best = Path(tempfile.mkdtemp(dir=scratch, prefix=".best-"))
                 method.export(tmp_best, extra={"dev_spearman": state.best_score, "step": state.step,
@@ -322,7 +324,7 @@ def run_training(cfg: ExperimentConfig, method: Method, data: TokenizedData, dev
             state.initial_dev = scores
         # ("finished", not "done": Tune reads a reported "done" as the end of the trial)
         metrics = {"step": state.step, "epoch": state.epoch, "loss": loss_avg,
-                   "lr": scheduler.get_last_lr()[0] if scheduler is not None else 0.0, **scores,
+                   "lr": current_lr(), **scores,
                    "best_dev_spearman": state.best_score, "best_step": state.best_step, "finished": False}
         stop = t.patience is not None and state.evals_since_best >= t.patience
         checkpoint_and_report(metrics, improved)
@@ -342,9 +344,6 @@ def run_training(cfg: ExperimentConfig, method: Method, data: TokenizedData, dev
     while state.step < total and not stop:
         epoch_batches = batches.epoch(state.epoch)
         while state.batch_in_epoch < len(epoch_batches) and state.step < total and not stop:
-            if fail_at_step is not None and state.step == fail_at_step:
-                fail_at_step = None
-                raise RuntimeError(f"injected failure at step {state.step} (test of recovery)")
             idx = local_part(epoch_batches[state.batch_in_epoch], hooks.rank, world)
             loss = stepper.step(data.collate(idx), state.step)
             state.step += 1
@@ -362,7 +361,7 @@ def run_training(cfg: ExperimentConfig, method: Method, data: TokenizedData, dev
                 rate = state.step / max(elapsed, 1e-9)
                 eta = (total - state.step) / max(rate, 1e-9)
                 hooks.log(f"step {state.step}/{total}  loss {log_loss / log_n:.4f}  "
-                          f"lr {scheduler.get_last_lr()[0]:.2e}  {rate:.2f} steps/s  eta {eta / 60:.1f} min")
+                          f"lr {current_lr():.2e}  {rate:.2f} steps/s  eta {eta / 60:.1f} min")
                 log_loss, log_n = 0.0, 0
             if state.step % t.eval_every == 0 or state.step == total:
                 state.train_seconds = time.perf_counter() - run_start - hooks.paused
@@ -503,7 +502,7 @@ def forward_backward(model: torch.nn.Module, method: Method, batch: dict, scaler
 
 
 def _to_device(batch: dict, device: torch.device) -> dict:
-    out = {}
+    out: dict[str, Any] = {}
     for k, v in batch.items():
         if isinstance(v, dict):
             out[k] = {kk: vv.to(device, non_blocking=True) for kk, vv in v.items()}

@@ -230,8 +230,9 @@ class RayHooks(TrainHooks):
                 shutil.rmtree(self._scratch, ignore_errors=True)
 
 
-def _train_worker(config: dict) -> None:
-    """The train function of every Ray Train worker: the foundation's loop with :class:`RayHooks`."""
+def train_worker(config: dict) -> None:
+    """The train function of every Ray Train worker (:func:`make_trainer`'s): :func:`raysent.train.run.train_once`,
+    as in process, with :class:`RayHooks`."""
     entered = time.time()
     for key, value in config.get("env", {}).items():
         # a node with its own copy of the data (cluster setup) keeps it; paths that exist here win
@@ -249,10 +250,7 @@ def _train_worker(config: dict) -> None:
     for name in names:
         logging.getLogger(name).setLevel(logging.WARNING)
     cfg = parse_config(config["config"], source="<ray worker config>")
-    hooks = RayHooks(cfg, quiet=config.get("quiet", False))
-    # an injected failure (tests) kills the last worker only, as a crashed worker would
-    fail_at = config.get("fail_at_step") if hooks.rank == hooks.world_size - 1 else None
-    train_once(cfg, hooks, fail_at_step=fail_at, startup={"entered_unix": entered})
+    train_once(cfg, RayHooks(cfg, quiet=config.get("quiet", False)), startup={"entered_unix": entered})
 
 
 # --------------------------------------------------------------------------- driver side
@@ -334,8 +332,7 @@ def worker_env() -> dict[str, str]:
     return env
 
 
-def make_trainer(cfg: ExperimentConfig, resume: bool = False, quiet: bool = False,
-                 fail_at_step: int | None = None, callbacks: list | None = None):
+def make_trainer(cfg: ExperimentConfig, resume: bool = False, quiet: bool = False, callbacks: list | None = None):
     """The TorchTrainer of one training run of ``cfg`` (also used inside a Tune trial)."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -350,9 +347,9 @@ def make_trainer(cfg: ExperimentConfig, resume: bool = False, quiet: bool = Fals
     storage, name = run_location(cfg)
     if not resume:
         delete_run(storage, name)
-    loop_config = {"config": cfg.to_dict(), "quiet": quiet, "env": worker_env(), "fail_at_step": fail_at_step}
+    loop_config = {"config": cfg.to_dict(), "quiet": quiet, "env": worker_env()}
     return TorchTrainer(
-        _train_worker,
+        train_worker,
         train_loop_config=loop_config,
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
         scaling_config=ScalingConfig(num_workers=workers, use_gpu=use_gpu, resources_per_worker=per_worker),
@@ -410,11 +407,11 @@ def take_best_model_of_run(cfg: ExperimentConfig) -> bool:
 
 
 def train_one_with_ray(cfg: ExperimentConfig, resume: bool = False, quiet: bool = False,
-                       fail_at_step: int | None = None, callbacks: list | None = None) -> TrainSummary:
+                       callbacks: list | None = None) -> TrainSummary:
     from ray.train import TrainingFailedError
 
     t0 = time.time()
-    trainer = make_trainer(cfg, resume=resume, quiet=quiet, fail_at_step=fail_at_step, callbacks=callbacks)
+    trainer = make_trainer(cfg, resume=resume, quiet=quiet, callbacks=callbacks)
     # fit() in the main thread installs a Ctrl-C handler that aborts its run, and leaves it installed: it would
     # swallow a later Ctrl-C and keep the finished run's controller actor alive (polling) for as long as the
     # process lives. The handler from before comes back once fit() returns.
@@ -431,9 +428,8 @@ def train_one_with_ray(cfg: ExperimentConfig, resume: bool = False, quiet: bool 
     return collect(cfg, result, t0)
 
 
-def train_with_ray(cfg: ExperimentConfig, resume: bool = False, quiet: bool = False,
-                   fail_at_step: int | None = None) -> TrainSummary:
+def train_with_ray(cfg: ExperimentConfig, resume: bool = False, quiet: bool = False) -> TrainSummary:
     """`raysent train` with resources.workers: every stage of the method through Ray Train."""
     init_ray(cfg)
-    return train_stages(cfg, lambda c: train_one_with_ray(c, resume, quiet, fail_at_step), resume=resume,
+    return train_stages(cfg, lambda c: train_one_with_ray(c, resume, quiet), resume=resume,
                         log=(lambda m: None) if quiet else stderr)

@@ -37,6 +37,7 @@ def build_method(cfg: ExperimentConfig) -> Method:
 
 def prepare_data(cfg: ExperimentConfig, method: Method) -> tuple[TokenizedData, np.ndarray | None, dict]:
     """Tokenized training data, the grouping of examples (or None), and a description for the record."""
+    assert cfg.data.train is not None, "parse_config gives every run its training data"
     data = load(cfg.data.train, method.data_kind(method.params))
     if cfg.data.max_train_samples is not None and cfg.data.max_train_samples < len(data):
         data = _subset(data, cfg.data.max_train_samples)
@@ -78,10 +79,11 @@ def train_stages(cfg: ExperimentConfig, train_one: Callable[[ExperimentConfig], 
     previous, records = None, []
     for i, (label, overrides) in enumerate(stages):
         last = i == len(stages) - 1
+        stage_out = _stage_dir(out, label, last)
         ov = {k: (previous if v == PREVIOUS_STAGE_BEST else v) for k, v in overrides.items()}
-        ov["train.output_dir"] = str(_stage_dir(out, label, last))
+        ov["train.output_dir"] = str(stage_out)
         stage_cfg = with_overrides(cfg, ov)
-        done = Path(ov["train.output_dir"]) / "result.json"
+        done = stage_out / "result.json"
         if resume and not last and done.is_file():
             summary = read_summary(done)
             log(f"stage {label}: already finished ({done}), not run again")
@@ -97,15 +99,17 @@ def train_stages(cfg: ExperimentConfig, train_one: Callable[[ExperimentConfig], 
     return summary
 
 
-def _stage_dir(out: Path, label: str | None, last: bool) -> Path:
-    """Where a stage trains: the run's own folder for the last (or only) stage, a subfolder for earlier ones."""
+def _stage_dir(out: Path, label: str, last: bool) -> Path:
+    """Where a stage of a multi-stage run trains: the run's own folder for the last, a subfolder for earlier ones."""
     return out if last else out / label
 
 
 def stage_dirs(cfg: ExperimentConfig) -> list[Path]:
     """The folder every stage of a run trains in, in order (one for most methods)."""
-    stages = get_method(cfg.method).stages(cfg) or [(None, {})]
+    stages = get_method(cfg.method).stages(cfg)
     out = cfg.output_dir()
+    if not stages:
+        return [out]
     return [_stage_dir(out, label, i == len(stages) - 1) for i, (label, _) in enumerate(stages)]
 
 
@@ -117,8 +121,7 @@ def delete_checkpoints(cfg: ExperimentConfig) -> None:
         shutil.rmtree(stage_out / "checkpoint", ignore_errors=True)
 
 
-def train_once(cfg: ExperimentConfig, hooks: TrainHooks, fail_at_step: int | None = None,
-               startup: dict | None = None) -> TrainSummary:
+def train_once(cfg: ExperimentConfig, hooks: TrainHooks, startup: dict | None = None) -> TrainSummary:
     """One stage of one run, the same on every path (in this process, in a Tune trial, on each Ray Train
     worker): build the method, prepare its data, run the loop with ``hooks``. Returns the loop's summary with
     ``data`` (what it trained on) and ``startup`` (seconds to build the method and to prepare the data)."""
@@ -128,12 +131,11 @@ def train_once(cfg: ExperimentConfig, hooks: TrainHooks, fail_at_step: int | Non
     data, groups, info = prepare_data(cfg, method)
     startup = {**(startup or {}), "build_method_seconds": built - t,
                "prepare_data_seconds": time.perf_counter() - built}
-    return run_training(cfg, method, data, cfg.data.dev, hooks, groups=groups, fail_at_step=fail_at_step,
+    return run_training(cfg, method, data, cfg.data.dev, hooks, groups=groups,
                         record={"data": info, "startup": startup})
 
 
 def train_in_process(cfg: ExperimentConfig, resume: bool = False, quiet: bool = False,
-                     fail_at_step: int | None = None,
                      hooks: Callable[..., TrainHooks] = TrainHooks) -> TrainSummary:
     """Every stage of a run with the loop in this process (`raysent train` without resources.workers, and a
     Tune trial that trains in its own process, with ``hooks`` that report to Tune: the hooks' class, or a
@@ -143,7 +145,7 @@ def train_in_process(cfg: ExperimentConfig, resume: bool = False, quiet: bool = 
     def train_one(stage_cfg: ExperimentConfig) -> TrainSummary:
         out = stage_cfg.output_dir()
         t0 = time.time()
-        summary = train_once(stage_cfg, hooks(out, resume=resume, quiet=quiet), fail_at_step=fail_at_step)
+        summary = train_once(stage_cfg, hooks(out, resume=resume, quiet=quiet))
         return finish(stage_cfg, summary, out, t0)
 
     return train_stages(cfg, train_one, resume=resume, log=(lambda m: None) if quiet else stderr)

@@ -26,6 +26,8 @@ pip installs in the setup commands succeed on the nodes.
 from __future__ import annotations
 
 import copy
+import importlib.metadata
+import importlib.util
 import json
 import re
 import shlex
@@ -35,7 +37,6 @@ from pathlib import Path
 import click
 import jsonschema
 import pytest
-import ray
 import yaml
 from click.testing import CliRunner
 
@@ -44,7 +45,11 @@ from conftest import REPO
 CLUSTERS = REPO / "clusters"
 README = REPO / "docs" / "cluster.md"  # the cluster guide
 README_SECTION = "## Scale out: a Ray cluster"
-RAY_VERSION = ray.__version__
+# read from the installed package without importing ray: the tests that run Ray's own code are marked slow
+RAY_VERSION = importlib.metadata.version("ray")
+_RAY_SPEC = importlib.util.find_spec("ray")  # a top-level name: found, not imported
+assert _RAY_SPEC is not None and _RAY_SPEC.submodule_search_locations, "ray is not installed"
+RAY_PACKAGE = Path(list(_RAY_SPEC.submodule_search_locations)[0])
 
 # Importing ray's CLI imports ray.serve, whose pydantic models warn on import (ray's, not ours).
 pytestmark = pytest.mark.filterwarnings("ignore:Using extra keyword arguments on `Field`:DeprecationWarning")
@@ -67,7 +72,7 @@ COMMAND_KEYS = ("initialization_commands", "setup_commands", "head_setup_command
 
 @pytest.fixture(scope="module")
 def ray_schema() -> dict:
-    path = Path(ray.__file__).parent / "autoscaler" / "ray-schema.json"
+    path = RAY_PACKAGE / "autoscaler" / "ray-schema.json"
     schema = json.loads(path.read_text(encoding="utf-8"))
     assert schema.get("$schema", "").startswith("http://json-schema.org/draft-07/schema"), schema.get("$schema")
     jsonschema.Draft7Validator.check_schema(schema)
@@ -105,6 +110,7 @@ def test_launcher_config_matches_rays_json_schema(path, ray_schema):
     assert _schema_errors(_load(path), ray_schema) == []
 
 
+@pytest.mark.slow  # runs ray's own code (imports ray)
 @pytest.mark.parametrize("path", LAUNCHER_FILES, ids=lambda p: p.name)
 def test_launcher_config_passes_rays_own_check(path):
     config = _load(path)
@@ -116,6 +122,7 @@ def test_launcher_config_passes_rays_own_check(path):
     assert sum(t["min_workers"] for t in types.values()) <= prepared["max_workers"]
 
 
+@pytest.mark.slow  # runs ray's own code (imports ray)
 def test_local_config_passes_the_whole_local_bootstrap():
     """The local provider's bootstrap needs no network: run all of it, as `ray up` would."""
     from ray.autoscaler._private.commands import _bootstrap_config
@@ -252,6 +259,7 @@ def security_problems(config: dict) -> list[str]:
     return problems
 
 
+@pytest.mark.slow  # runs ray's own code (imports ray)
 @pytest.mark.parametrize("path", LAUNCHER_FILES, ids=lambda p: p.name)
 def test_launcher_config_turns_token_auth_on_and_keeps_the_dashboard_on_localhost(path):
     config = _load(path)
@@ -260,6 +268,7 @@ def test_launcher_config_turns_token_auth_on_and_keeps_the_dashboard_on_localhos
     assert _env_of_ray_start(head) == {"RAY_AUTH_MODE": "token"}
 
 
+@pytest.mark.slow  # runs ray's own code (imports ray)
 def test_security_checker_catches_an_open_cluster(tmp_path):
     text = (CLUSTERS / "gpu.yaml").read_text(encoding="utf-8")
     for old, new in (("    export RAY_AUTH_MODE=token;\n", ""), ("--dashboard-host 127.0.0.1", "--dashboard-host 0.0.0.0"),
@@ -301,6 +310,7 @@ def _gpu_copy(tmp_path: Path, old: str, new: str) -> dict:
     return _load(copy_path)
 
 
+@pytest.mark.slow  # runs ray's own code (imports ray)
 def test_typo_in_a_node_type_key_is_caught(tmp_path, ray_schema):
     bad = _gpu_copy(tmp_path, "    max_workers: 8\n", "    max_worker: 8\n")
     assert _schema_errors(bad, ray_schema) == [
@@ -309,6 +319,7 @@ def test_typo_in_a_node_type_key_is_caught(tmp_path, ray_schema):
         _ray_prepare_and_validate(bad)
 
 
+@pytest.mark.slow  # runs ray's own code (imports ray)
 def test_typo_in_a_top_level_key_is_caught(tmp_path, ray_schema):
     bad = _gpu_copy(tmp_path, "idle_timeout_minutes: 10\n", "idle_timeout_minute: 10\n")
     assert _schema_errors(bad, ray_schema) == [
@@ -317,6 +328,7 @@ def test_typo_in_a_top_level_key_is_caught(tmp_path, ray_schema):
         _ray_prepare_and_validate(bad)
 
 
+@pytest.mark.slow  # runs ray's own code (imports ray)
 def test_wrong_type_for_min_workers_is_caught(tmp_path, ray_schema):
     bad = _gpu_copy(tmp_path, "    min_workers: 0                        # nothing runs",
                     "    min_workers: \"two\"                    # nothing runs")
@@ -326,6 +338,7 @@ def test_wrong_type_for_min_workers_is_caught(tmp_path, ray_schema):
         _ray_prepare_and_validate(bad)
 
 
+@pytest.mark.slow  # runs ray's own code (imports ray)
 def test_min_workers_above_the_global_maximum_is_caught_by_ray(tmp_path, ray_schema):
     bad = _gpu_copy(tmp_path, "    min_workers: 0                        # nothing runs",
                     "    min_workers: 11                       # nothing runs")
@@ -589,6 +602,7 @@ def test_readme_cluster_section_lists_the_commands_in_order():
         assert (REPO / name).is_file(), f"README names {name}, which does not exist"
 
 
+@pytest.mark.slow  # runs ray's own code (imports ray)
 def test_docs_say_from_where_each_port_of_the_cluster_must_be_reachable():
     """docs/cluster.md's port table names every port clusters/gpu.yaml starts Ray with, and Ray's worker port
     range, and says who may reach each: the cluster's own nodes, or you through SSH."""
@@ -618,6 +632,7 @@ def _nested_ray_invocations(line: str) -> list[list[str]]:
     return found
 
 
+@pytest.mark.slow  # runs ray's own code (imports ray)
 def test_readme_ray_commands_exist_with_their_flags(ray_cli):
     code = _code_lines(_readme_section())
     lines = [line for line in code if line.startswith("ray ")]
@@ -629,6 +644,7 @@ def test_readme_ray_commands_exist_with_their_flags(ray_cli):
     assert problems == []
 
 
+@pytest.mark.slow  # runs ray's own code (imports ray)
 @pytest.mark.parametrize("path", LAUNCHER_FILES, ids=lambda p: p.name)
 def test_config_ray_commands_exist_with_their_flags(path, ray_cli):
     config = _load(path)
@@ -638,6 +654,7 @@ def test_config_ray_commands_exist_with_their_flags(path, ray_cli):
     assert problems == []
 
 
+@pytest.mark.slow  # runs ray's own code (imports ray)
 def test_ray_line_checker_catches_a_wrong_subcommand_or_flag(ray_cli):
     def check(line):
         (words,) = _ray_invocations(line)

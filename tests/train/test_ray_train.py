@@ -234,20 +234,48 @@ def wait_for(condition, seconds: float = 20.0) -> bool:
     return True
 
 
-def test_a_dying_worker_is_replaced_and_the_run_resumes_exactly(two_worker_run):
+def last_worker_dies_at_step_15(config: dict) -> None:
+    """raysent's Ray Train worker loop, whose last worker raises before step 15 as a crashed worker would: once,
+    in the run's first attempt (a replacement resumes from a checkpoint and goes on)."""
+    import ray.train
+
+    from raysent.train import loop, ray_train
+
+    ctx = ray.train.get_context()
+    if ctx.get_world_rank() == ctx.get_world_size() - 1 and ray.train.get_checkpoint() is None:
+        step = loop.Stepper.step
+
+        def step_or_die(self, batch, at):
+            if at == 15:
+                loop.Stepper.step = step  # once, should Ray run the replacement in this process
+                raise RuntimeError(f"injected failure at step {at} (test of recovery)")
+            return step(self, batch, at)
+
+        loop.Stepper.step = step_or_die
+    ray_train.train_worker(config)
+
+
+def test_a_dying_worker_is_replaced_and_the_run_resumes_exactly(ray_cluster, two_worker_run, monkeypatch):
+    import ray.cloudpickle
     from ray.util.state import list_actors
 
+    from raysent.train import ray_train
     from raysent.train.ray_train import train_with_ray
 
     tmp, uninterrupted = two_worker_run
     cfg = with_overrides(load_config(tmp / "exp.yaml"), {"train.output_dir": str(tmp / "crash")})
 
     def controllers() -> dict:
-        return {a.actor_id: a for a in list_actors(filters=[("class_name", "=", "TrainController"),
-                                                             ("state", "=", "ALIVE")], detail=True)}
+        # this session's Ray by its address: with another Ray on the machine, "the" Ray is ambiguous
+        return {a.actor_id: a for a in list_actors(address=ray_cluster, detail=True, filters=[
+            ("class_name", "=", "TrainController"), ("state", "=", "ALIVE")])}
 
     sigint, before = signal.getsignal(signal.SIGINT), controllers()
-    summary = train_with_ray(cfg, quiet=True, fail_at_step=15)  # the last worker raises at step 15
+    # the workers cannot import this test module: the function goes to them by value
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    with monkeypatch.context() as m:
+        m.setattr(ray_train, "train_worker", last_worker_dies_at_step_15)
+        summary = train_with_ray(cfg, quiet=True)
     # Ray Train's Ctrl-C handler for the run is gone with it, and with it the finished run's controller actor
     assert signal.getsignal(signal.SIGINT) is sigint
     assert wait_for(lambda: not set(controllers()) - set(before)), controllers()

@@ -79,6 +79,7 @@ def assert_grads_equal(got: dict, want: dict, label: str) -> None:
         torch.testing.assert_close(got[name], ref, rtol=0, atol=5e-5 * scale, msg=f"{label}: {name}")
 
 
+@pytest.mark.slow  # 26 forward and backward passes of a real encoder: 16 s on 2 idle cores, minutes on busy ones
 @pytest.mark.parametrize("method,params,data", METHODS, ids=[m[0] for m in METHODS])
 def test_each_speedup_gives_the_same_loss_and_gradients(method, params, data, tmp_path):
     ref_loss, ref_grads, ref_calls = step_of(method, params, data, {}, tmp_path)
@@ -200,6 +201,7 @@ print(json.dumps({"faults": faults[-1], "rss_growth_pages": rss[-1] - rss[1], "e
 """
 
 
+@pytest.mark.slow  # two processes that each load a model: 8 s
 @pytest.mark.skipif(kernel_thp_mode() != "madvise",
                     reason="the kernel gives huge pages on request only in its 'madvise' mode ('always': to every "
                            "large mapping, raysent's switch or not; 'never': to none)")

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from raysent.config import load_config, with_overrides
+from raysent.train.loop import Stepper
 from raysent.train.run import train_in_process
 
 from conftest import RAW_BERT, run_cli
@@ -70,14 +71,26 @@ def _small(tmp_path, name, **over):
                                 "data.dev": ["sickr:dev"], "data.max_train_samples": 2000, **over})
 
 
+def dies_at(step: int):
+    """Stepper.step that raises before optimizer step ``step`` (counted from 0), as a crash there would."""
+    original = Stepper.step
+
+    def step_or_die(self, batch, at):
+        if at == step:
+            raise RuntimeError(f"injected failure at step {at} (test of recovery)")
+        return original(self, batch, at)
+    return step_or_die
+
+
 @pytest.mark.slow
-def test_seeded_and_resumes_exactly_after_a_crash(tmp_path):
+def test_seeded_and_resumes_exactly_after_a_crash(tmp_path, monkeypatch):
     ref = train_in_process(_small(tmp_path, "ref"), quiet=True)
     again = train_in_process(_small(tmp_path, "again"), quiet=True)
     assert again.loss_curve == ref.loss_curve  # same seed, same loss curve
     crashed = _small(tmp_path, "crash")
-    with pytest.raises(RuntimeError, match="injected failure at step 6"):
-        train_in_process(crashed, quiet=True, fail_at_step=6)
+    with monkeypatch.context() as m, pytest.raises(RuntimeError, match="injected failure at step 6"):
+        m.setattr(Stepper, "step", dies_at(6))
+        train_in_process(crashed, quiet=True)
     resumed = train_in_process(crashed, resume=True, quiet=True)
     assert resumed.final_step == 12
     assert resumed.resumed_from == str(crashed.output_dir() / "checkpoint") and ref.resumed_from is None
