@@ -14,6 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
+# Lazy imports: raysent's heavier modules (the command's work is imported when it runs, so `raysent --help` and every
+# other command start without torch, Ray or MLflow).
+
 __version__ = "0.2.0.dev0"
 
 _API = ("search", "fit", "evaluate", "load", "SearchResult", "EvalResult", "SentenceEncoder")

@@ -27,12 +27,18 @@ from typing import TYPE_CHECKING, Any
 from raysent.config import ExperimentConfig, load_config, parse_config, with_overrides
 from raysent.errors import RaysentError
 from raysent.models.sentence_encoder import SentenceEncoder, load
+from raysent.preflight import preflight
+from raysent.report.runs import TASK_LABELS
+from raysent.train.records import read_record
+from raysent.tune.state import SearchState
 
 if TYPE_CHECKING:  # pandas and the records load with the functions that return them
     import pandas as pd
 
     from raysent.train.records import RunRecord, TrainSummary
     from raysent.tune.state import Summary
+
+# Lazy imports: pandas, raysent's heavier modules (heavy, and only the functions that need them import them).
 
 ConfigLike = str | Path | Mapping[str, Any] | ExperimentConfig
 
@@ -103,7 +109,6 @@ def search_result(summary: Summary) -> SearchResult:
     """The :class:`SearchResult` of a finished search's summary (summary.json)."""
     import pandas as pd
 
-    from raysent.train.records import read_record
     from raysent.tune.publish import best_final, final_records, search_table
 
     exp = Path(summary.results)
@@ -125,8 +130,6 @@ def search_result(summary: Summary) -> SearchResult:
 
 
 def _parent(exp: Path) -> str | None:
-    from raysent.tune.state import SearchState
-
     state = SearchState.load(exp)
     return state.parent_run_id if state else None
 
@@ -137,8 +140,6 @@ def fit(config: ConfigLike, overrides: Mapping[str, Any] | None = None, *, outpu
     """``raysent train``: one configuration once (``train.seed``), in this process or on
     ``resources.workers`` Ray Train workers, after the same checks. The best model (a sentence-transformers
     folder) is ``summary.best_model_dir``."""
-    from raysent.preflight import preflight
-
     cfg = resolve_config(config, overrides)
     if output_dir is not None:
         cfg = with_overrides(cfg, {"train.output_dir": str(output_dir)})
@@ -179,7 +180,6 @@ class EvalResult:
     def table(self) -> pd.DataFrame:
         import pandas as pd
 
-        from raysent.report.runs import TASK_LABELS
 
         sts = {TASK_LABELS.get(k.split("/")[1], k): v for k, v in self.metrics.items()
                if k.startswith("sts/") and k.count("/") == 1}

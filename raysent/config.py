@@ -25,7 +25,11 @@ from typing import Annotated, Any, Literal, NoReturn
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from raysent.data.datasets import validate_spec
 from raysent.errors import ConfigError, RaysentError, did_you_mean
+from raysent.io import not_a_folder
+
+# Lazy imports: raysent's heavier modules (heavy, and only the functions that need them import them).
 
 
 class Strict(BaseModel):
@@ -57,8 +61,6 @@ class DataConfig(Strict):
     @field_validator("dev")
     @classmethod
     def _dev_scored(cls, v):
-        from raysent.data.datasets import validate_spec
-
         if not v:
             raise ValueError("at least one dev set is needed for model selection")
         for spec in v:
@@ -330,8 +332,6 @@ class TrackingConfig(Strict):
     @field_validator("results_dir")
     @classmethod
     def _a_folder(cls, v):
-        from raysent.io import not_a_folder
-
         why = not_a_folder(v)
         if why:
             raise ValueError(f"{why}; give a folder (created if missing), e.g. results")
@@ -529,8 +529,6 @@ def parse_config(raw: dict, source: str = "<config>", root: yaml.Node | None = N
 
 
 def _cross_checks(cfg: ExperimentConfig, method_cls, source: str, root, check_search: bool = True) -> None:
-    from raysent.data.datasets import validate_spec
-
     def fail(path: tuple, msg: str) -> NoReturn:
         line = _node_line(root, path)
         raise ConfigError(f"invalid experiment config\n  {source}{f':{line}' if line else ''}: "

@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+# Lazy imports: psutil (heavy, and only the functions that need them import them).
+
 # not `<tmp>/raysent/`: a folder of that name in the current folder shadows an editable install of the package
 MARKERS = Path(tempfile.gettempdir()) / "raysent-local-ray"
 

@@ -11,14 +11,22 @@ the MLflow store can be written or answers. Every problem found is listed in one
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import tempfile
+import urllib.request
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+from urllib.parse import urlparse
 
 from raysent.config import ExperimentConfig, with_overrides
+from raysent.data import load
 from raysent.errors import RaysentError
+from raysent.io import not_a_folder
+from raysent.tracking import redact, tracking_uri
+
+# Lazy imports: torch, raysent's heavier modules (heavy, and only the functions that need them import them).
 
 
 class PreflightError(RaysentError):
@@ -98,7 +106,6 @@ def check_resources(cfg: ExperimentConfig) -> dict[str, Any]:
 def check_data(cfg: ExperimentConfig) -> dict[str, Any]:
     """Every data spec the run reads (the training data of each stage, the dev sets) with its row count;
     the largest batch against the training data."""
-    from raysent.data import load
     from raysent.methods import get_method
 
     rows: dict[str, Any] = {}
@@ -139,8 +146,6 @@ def check_data(cfg: ExperimentConfig) -> dict[str, Any]:
 
 def check_writable(path: str | Path, field: str) -> str:
     """Whether results can be written under ``path`` (its nearest existing folder is writable)."""
-    from raysent.io import not_a_folder
-
     p = Path(path).expanduser().resolve()
     why = not_a_folder(p)
     if why:
@@ -160,9 +165,6 @@ def check_writable(path: str | Path, field: str) -> str:
 def check_address(cfg: ExperimentConfig) -> str:
     """The Ray cluster a run joins answers on its address (one TCP connect, 3 s): a wrong address is one line in
     seconds, not a wait of minutes inside ``ray.init``. ``auto`` and no address are not checked here."""
-    import socket
-    from urllib.parse import urlparse
-
     address = cfg.resources.address or os.environ.get("RAY_ADDRESS")
     if not address or address in ("auto", "local"):
         return address or "a local Ray, started by the run"
@@ -184,8 +186,6 @@ def check_address(cfg: ExperimentConfig) -> str:
 def check_mlflow_store(cfg: ExperimentConfig) -> str:
     """The MLflow tracking store can be written (a local sqlite file or folder) or answers (a server: one try,
     5 s), before Ray starts: MLflow itself retries a read-only store or a server that is down for minutes."""
-    from raysent.tracking import redact, tracking_uri
-
     if not cfg.tracking.enabled:
         return "off"
     uri = tracking_uri(cfg)
@@ -201,8 +201,6 @@ def check_mlflow_store(cfg: ExperimentConfig) -> str:
                                  "--set tracking.results_dir=PATH)")
         return redact(uri)
     if uri.startswith(("http://", "https://")):
-        import urllib.request
-
         try:
             with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=5):
                 pass

@@ -26,6 +26,8 @@ from typing import Any
 
 from raysent.config import ExperimentConfig, hyperparameters
 
+# Lazy imports: mlflow (heavy, and only the functions that need them import them).
+
 PARENT_TAG = "mlflow.parentRunId"
 
 

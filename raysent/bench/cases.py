@@ -19,15 +19,23 @@ Both time ``steps`` optimizer steps after ``warmup`` untimed ones, data loading 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import resource
 import sys
 import tempfile
 import time
+import warnings
 from typing import TYPE_CHECKING
+
+from raysent.config import parse_config
+from raysent.data import load
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
+
+# Lazy imports: datasets, sentence_transformers, torch, transformers, raysent's heavier modules (heavy, and only the
+# functions that need them import them).
 
 RESULT_PREFIX = "RESULT "
 
@@ -62,7 +70,6 @@ def method_case(spec: dict) -> dict:
 def _method_case(spec: dict, scratch: str) -> dict:
     import torch
 
-    from raysent.config import parse_config
     from raysent.data.batching import GlobalBatches
     from raysent.train.loop import Stepper, TrainHooks, build_optimizer
     from raysent.train.run import build_method, prepare_data
@@ -129,7 +136,6 @@ def _st_mnrl_case(spec: dict, scratch: str) -> dict:
     )
     from transformers import TrainerCallback
 
-    from raysent.data import load
     from raysent.models.encoder import resolve_model
 
     if spec.get("threads"):
@@ -179,8 +185,6 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     spec = json.loads(argv[0])
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    import logging
-    import warnings
 
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)

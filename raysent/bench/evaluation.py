@@ -15,6 +15,9 @@ import time
 from raysent.bench.result import EvaluationResult, EvaluationSeconds, ScoreComparison, SentencesEmbedded
 from raysent.data import STS_TASKS, load
 
+# Lazy imports: sentence_transformers, torch, raysent's heavier modules (heavy, and only the functions that need them
+# import them).
+
 SCORE_TOLERANCE = 0.01  # Spearman x100: the two may differ only by float rounding of the embeddings
 
 

@@ -8,6 +8,8 @@ from typing import Literal
 
 from raysent.errors import RaysentError
 
+# Lazy imports: raysent's heavier modules (heavy, and only the functions that need them import them).
+
 Part = Literal["training", "speedups", "evaluation", "overhead", "gpu"]
 PARTS: tuple[Part, ...] = ("training", "speedups", "evaluation", "overhead", "gpu")
 SPEEDUPS = ("length_buckets", "concat_views", "cache_views", "huge_pages", "all_speedups", "grad_cache")

@@ -26,10 +26,14 @@ import math
 import os
 import shutil
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 from raysent.bench.result import OverheadResult
+from raysent.config import parse_config, with_overrides
+
+# Lazy imports: ray, torch, raysent's heavier modules (heavy, and only the functions that need them import them).
 
 
 class RayCpu:
@@ -44,8 +48,6 @@ class RayCpu:
     processes grouped by name (None where /proc cannot be read)."""
 
     def __init__(self, interval: float = 0.5):
-        import threading
-
         self.interval = interval
         self.start: dict[int, float] = {}
         self.last: dict[int, tuple[str, float]] = {}
@@ -115,7 +117,6 @@ def _tune_trials(cfg, trials: int, trial_cpus: float, root: Path) -> list[float]
     Tuner's start, each later one from the end of the one before)."""
     from ray import tune
 
-    from raysent.config import with_overrides
     from raysent.train.ray_train import worker_env
     from raysent.tune.driver import reuse_trial_processes
     from raysent.tune.trial import train_trial
@@ -143,7 +144,6 @@ def bench_overhead(raw_config: dict, steps: int, cpus: float, trials: int = 2, s
     import ray
     import torch
 
-    from raysent.config import parse_config, with_overrides
     from raysent.train.ray_train import init_ray, train_with_ray
     from raysent.train.run import train_in_process
 

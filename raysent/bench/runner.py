@@ -4,16 +4,19 @@ options: :mod:`raysent.bench.options`; the record: :mod:`raysent.bench.result`).
 from __future__ import annotations
 
 import datetime as _dt
+import importlib.metadata
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from raysent.bench.cases import PartFailed
+from raysent.bench.cases import RESULT_PREFIX, PartFailed
+from raysent.bench.markdown import format_markdown
 from raysent.bench.options import PARTS, BenchOptions
 from raysent.bench.result import (
     BenchResult,
@@ -26,6 +29,10 @@ from raysent.bench.result import (
     TrainingResult,
 )
 from raysent.errors import RaysentError
+from raysent.io import write_json_atomic
+
+# Lazy imports: torch, transformers, raysent's heavier modules (heavy, and only the functions that need them import
+# them).
 
 Say = Callable[[str], object]  # where the progress lines go
 
@@ -48,8 +55,6 @@ PEAK_BF16_TFLOPS = {r"\bH200\b": 989.0, r"\bH100\b.*\bPCIe\b": 756.0, r"\bH100\b
 
 def peak_bf16_tflops(device_name: str) -> float | None:
     """The dense bf16 peak of a device from its name, None when it is not in PEAK_BF16_TFLOPS."""
-    import re
-
     return next((v for pattern, v in PEAK_BF16_TFLOPS.items() if re.search(pattern, device_name)), None)
 
 
@@ -70,8 +75,6 @@ def method_config(opts: BenchOptions, method: str, **train) -> dict:
 
 def run_case(spec: dict, say: Say) -> CaseResult:
     """One case in a fresh process (:mod:`raysent.bench.cases`)."""
-    from raysent.bench.cases import RESULT_PREFIX
-
     proc = subprocess.run([sys.executable, "-m", "raysent.bench.cases", json.dumps(spec)], capture_output=True,
                           text=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_PREFIX)]
@@ -240,10 +243,10 @@ def machine_info(opts: BenchOptions) -> Machine:
     import transformers
 
     versions: dict[str, str | None] = {}
-    for pkg in ("ray", "sentence_transformers"):
-        try:
-            versions[pkg] = __import__(pkg).__version__
-        except ImportError:
+    for pkg, dist in (("ray", "ray"), ("sentence_transformers", "sentence-transformers")):
+        try:  # the installed version, without importing the package (Ray's import alone takes seconds)
+            versions[pkg] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
             versions[pkg] = None
     return Machine(platform=platform.platform(), python=platform.python_version(), cpus=os.cpu_count(),
                    torch=torch.__version__, transformers=transformers.__version__,
@@ -254,9 +257,6 @@ def machine_info(opts: BenchOptions) -> Machine:
 
 def write_results(result: BenchResult, output_dir: str | Path) -> tuple[Path, Path]:
     """``<output_dir>/<date>-<time>.json`` and ``.md``, named by the run's start."""
-    from raysent.bench.markdown import format_markdown
-    from raysent.io import write_json_atomic
-
     out = Path(output_dir)
     stem = result.started.strftime("%Y%m%d-%H%M%S")
     json_path, md_path = out / f"{stem}.json", out / f"{stem}.md"

@@ -30,6 +30,9 @@ from raysent.cli import bench, compare, data, evaluate, export, methods, plot, s
 from raysent.cli.common import EPILOG
 from raysent.errors import Interrupted, RaysentError
 
+# Lazy imports: raysent's heavier modules (the command's work is imported when it runs, so `raysent --help` and every
+# other command start without torch, Ray or MLflow).
+
 COMMANDS = (train, tune, suite, evaluate, export, table, plot, compare, methods, bench, data)  # the order of --help
 
 

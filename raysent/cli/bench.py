@@ -8,6 +8,9 @@ import sys
 from raysent.cli.common import EPILOG, split_list
 from raysent.errors import RaysentError
 
+# Lazy imports: sentence_transformers, raysent's heavier modules (the command's work is imported when it runs, so
+# `raysent --help` and every other command start without torch, Ray or MLflow).
+
 
 def register(sub) -> None:
     from raysent.bench import METHODS as BENCH_METHODS

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import types
+import typing
 
 import yaml
 
 from raysent.errors import RaysentError
+
+# Lazy imports: numpy, yaml, raysent's heavier modules (the command's work is imported when it runs, so `raysent
+# --help` and every other command start without torch, Ray or MLflow).
 
 EPILOG = """environment:
   RAYSENT_DATA_DIR   folder with the layout of shared/data, looked at before the Hugging Face hub
@@ -42,8 +48,6 @@ def check_results_dir(path: str) -> None:
 def stdout_for(fmt: str):
     """With --format json, stdout carries the JSON alone: what Ray and Tune print meanwhile (worker
     logs forwarded to the driver, Tune's status tables) goes to stderr."""
-    import contextlib
-
     return contextlib.redirect_stdout(sys.stderr) if fmt == "json" else contextlib.nullcontext()
 
 
@@ -84,9 +88,6 @@ def add_schema_options(parser, model, fields: list[str], metavars: dict[str, str
     """``--<field>`` options (``_`` as ``-``) whose type, choices, default and help are those of the fields of
     the pydantic ``model``: an option that an experiment file can also hold is defined once, in the schema.
     ``defaults``: ``{field: (default, what the help says of it)}`` where the command's default differs."""
-    import types
-    import typing
-
     for name in fields:
         field = model.model_fields[name]
         annotation = field.annotation

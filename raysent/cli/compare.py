@@ -7,6 +7,9 @@ import json
 
 from raysent.cli.common import check_results_dir
 
+# Lazy imports: raysent's heavier modules (the command's work is imported when it runs, so `raysent --help` and every
+# other command start without torch, Ray or MLflow).
+
 
 def register(sub) -> None:
     cp = sub.add_parser("compare", help="per-data-set differences between runs, paired t-test and Wilcoxon across "

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+# Lazy imports: raysent's heavier modules (the command's work is imported when it runs, so `raysent --help` and every
+# other command start without torch, Ray or MLflow).
+
 
 def register(sub) -> None:
     d = sub.add_parser("data", help="list the named data sets and where they are found",

@@ -11,6 +11,9 @@ from raysent.cli.common import EPILOG, add_schema_options, json_default, split_l
 from raysent.config import EvalConfig
 from raysent.errors import RaysentError
 
+# Lazy imports: pydantic, torch, raysent's heavier modules (the command's work is imported when it runs, so `raysent
+# --help` and every other command start without torch, Ray or MLflow).
+
 # the eval.* fields `raysent eval` takes as options
 EVAL_OPTIONS = ("aggregation", "max_length", "batch_size", "senteval_tasks", "probe", "nhid", "kfold",
                 "mrpc_features", "search_data", "search_min_score", "geometry_data", "geometry_min_score",

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from raysent.cli.common import EPILOG
 from raysent.errors import RaysentError
+
+# Lazy imports: raysent's heavier modules (the command's work is imported when it runs, so `raysent --help` and every
+# other command start without torch, Ray or MLflow).
 
 
 def register(sub) -> None:
@@ -28,8 +32,6 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from pathlib import Path
-
     from raysent.methods.card import write_card
     from raysent.models.sentence_encoder import load
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 
+# Lazy imports: raysent's heavier modules (the command's work is imported when it runs, so `raysent --help` and every
+# other command start without torch, Ray or MLflow).
+
 
 def register(sub) -> None:
     m = sub.add_parser("methods", help="list the methods, their variants and paper defaults",

@@ -7,6 +7,9 @@ import sys
 from raysent.cli.common import check_results_dir, split_list
 from raysent.errors import RaysentError
 
+# Lazy imports: raysent's heavier modules (the command's work is imported when it runs, so `raysent --help` and every
+# other command start without torch, Ray or MLflow).
+
 
 def register(sub) -> None:
     pl = sub.add_parser("plot", help="PNG plots of an experiment: dev curves, score per hyperparameter, Optuna's "

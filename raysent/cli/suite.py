@@ -8,6 +8,9 @@ import sys
 
 from raysent.cli.common import EPILOG, disconnect_ray, split_list, stdout_for, yaml_dump
 
+# Lazy imports: raysent's heavier modules (the command's work is imported when it runs, so `raysent --help` and every
+# other command start without torch, Ray or MLflow).
+
 
 def register(sub) -> None:
     su = sub.add_parser("suite", help="a benchmark: several methods, each with the paper's defaults and searched, "

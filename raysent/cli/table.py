@@ -9,6 +9,9 @@ from pathlib import Path
 from raysent.cli.common import check_results_dir, split_list
 from raysent.errors import RaysentError
 
+# Lazy imports: raysent's heavier modules (the command's work is imported when it runs, so `raysent --help` and every
+# other command start without torch, Ray or MLflow).
+
 
 def register(sub) -> None:
     tb = sub.add_parser("table", help="paper-style mean±std tables of experiments' runs (markdown, LaTeX, CSV)",

@@ -9,6 +9,9 @@ from pathlib import Path
 from raysent.cli.common import EPILOG, disconnect_ray, parse_set, stdout_for, yaml_dump
 from raysent.train.records import TrainSummary
 
+# Lazy imports: raysent's heavier modules (the command's work is imported when it runs, so `raysent --help` and every
+# other command start without torch, Ray or MLflow).
+
 
 def register(sub) -> None:
     t = sub.add_parser("train", help="train one configuration of an experiment YAML",

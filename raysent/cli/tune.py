@@ -13,6 +13,9 @@ from raysent.errors import RaysentError
 if TYPE_CHECKING:
     from raysent.tune.state import Summary
 
+# Lazy imports: raysent's heavier modules (the command's work is imported when it runs, so `raysent --help` and every
+# other command start without torch, Ray or MLflow).
+
 
 def register(sub) -> None:
     tu = sub.add_parser("tune", help="search an experiment's space with Ray Tune + Optuna, then run the best "

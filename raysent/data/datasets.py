@@ -17,6 +17,7 @@ only with a note that is logged and recorded on the run (:attr:`Data.notes`).
 
 from __future__ import annotations
 
+import csv
 import glob
 import logging
 import os
@@ -28,6 +29,8 @@ import numpy as np
 
 from raysent.data.readers import read_lines, read_table
 from raysent.errors import DataError, did_you_mean
+
+# Lazy imports: datasets, huggingface_hub (heavy, and only the functions that need them import them).
 
 log = logging.getLogger(__name__)
 
@@ -592,8 +595,6 @@ def _load_user_file(path: Path, kind: str | None) -> Data:
 
 
 def _peek_header(path: Path) -> list[str]:
-    import csv
-
     delimiter = "\t" if path.suffix.lower() == ".tsv" else ","
     with path.open(encoding="utf-8", newline="") as fh:
         try:

@@ -29,6 +29,8 @@ from raysent.data.datasets import Data, data_dir, hub_offline
 from raysent.data.readers import read_table
 from raysent.errors import DataError, did_you_mean
 
+# Lazy imports: datasets, huggingface_hub (heavy, and only the functions that need them import them).
+
 log = logging.getLogger(__name__)
 
 SENTEVAL_DOWNLOAD = ("SentEval's data/downstream/get_transfer_data.bash (github.com/facebookresearch/SentEval), "

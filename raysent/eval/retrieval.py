@@ -41,6 +41,8 @@ import numpy as np
 from raysent.data import ScoredPairs, load
 from raysent.errors import RaysentError
 
+# Lazy imports: faiss (heavy, and only the functions that need them import them).
+
 
 @dataclass
 class SearchSet:

@@ -46,6 +46,8 @@ import numpy as np
 from raysent.data.transfer import TRANSFER_TASKS, LabelledPairs, get_task, load_task, senteval_order
 from raysent.errors import RaysentError
 
+# Lazy imports: joblib, sklearn, threadpoolctl, torch (heavy, and only the functions that need them import them).
+
 log = logging.getLogger(__name__)
 
 SENTEVAL_TASKS = tuple(TRANSFER_TASKS)  # MR CR SUBJ MPQA SST2 TREC MRPC (SentEval's names)

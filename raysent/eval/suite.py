@@ -29,6 +29,14 @@ from typing import Any
 import numpy as np
 
 from raysent.errors import RaysentError, did_you_mean
+from raysent.eval.geometry import evaluate_geometry
+from raysent.eval.retrieval import evaluate_search
+from raysent.eval.senteval import evaluate_senteval
+from raysent.eval.sts import evaluate_sts
+from raysent.eval.sts import format_table as sts_table
+from raysent.eval.sts17 import evaluate_sts17
+
+# Lazy imports: raysent's heavier modules (heavy, and only the functions that need them import them).
 
 EVAL_TASKS = ("sts", "senteval", "search", "geometry", "sts17")
 TASK_TITLES = {"sts": "STS", "senteval": "SentEval transfer", "search": "Semantic search", "geometry": "Geometry",
@@ -98,12 +106,6 @@ def make_encode(model: Any, pooling: str | None = None, max_length: int = 256, b
 
 
 def _task_functions() -> dict[str, Callable]:
-    from raysent.eval.geometry import evaluate_geometry
-    from raysent.eval.retrieval import evaluate_search
-    from raysent.eval.senteval import evaluate_senteval
-    from raysent.eval.sts import evaluate_sts
-    from raysent.eval.sts17 import evaluate_sts17
-
     return {"sts": evaluate_sts, "senteval": evaluate_senteval, "search": evaluate_search,
             "geometry": evaluate_geometry, "sts17": evaluate_sts17}
 
@@ -225,8 +227,6 @@ def _row_table(title: str, heads: list[str], vals: list[str], foot: str = "") ->
 
 def format_tables(result: dict, title: str = "") -> str:
     """A printable summary: one small table per task."""
-    from raysent.eval.sts import format_table as sts_table
-
     d = result["details"]
     parts = [title] if title else []
     if "sts" in d:

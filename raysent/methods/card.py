@@ -13,6 +13,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from raysent.config import hyperparameters, parse_config
+from raysent.methods import METHODS
+
 CARD = "README.md"
 RESULTS_START, RESULTS_END = "<!-- raysent-results -->", "<!-- /raysent-results -->"
 
@@ -37,9 +40,6 @@ def _value(v: Any) -> str:
 
 def model_card(meta: dict, results: str | None = None) -> str:
     """The card of a model folder whose ``raysent.json`` is ``meta`` (``results``: a markdown section)."""
-    from raysent.config import hyperparameters, parse_config
-    from raysent.methods import METHODS
-
     name = meta.get("method") or "unknown"
     cls = METHODS.get(name)
     raw = meta.get("config") or {}

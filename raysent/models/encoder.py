@@ -18,6 +18,7 @@ model (:mod:`raysent.models.st_export`), and ``raysent.json``: the pooling to us
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
@@ -31,7 +32,11 @@ from torch import nn
 
 from raysent.errors import ModelError
 from raysent.models.chunked import GradCache, hidden_states
+from raysent.models.heads import LayerAttentionPooler
 from raysent.models.pooling import inference_pooling, pool, uses_mlp
+from raysent.models.st_export import write_sentence_transformers
+
+# Lazy imports: safetensors, transformers (heavy, and only the functions that need them import them).
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +62,6 @@ def _packaged_model_dir(name: str) -> Path | None:
     entry = PACKAGED_MODELS.get(name.rstrip("/").split("/")[-1])
     if entry is None:
         return None
-    import importlib.util
 
     spec = importlib.util.find_spec(entry[0])
     if spec is None or not spec.submodule_search_locations:
@@ -200,7 +204,6 @@ class Encoder(nn.Module):
         if meta.pooling == "layeratt":
             from safetensors.torch import load_file
 
-            from raysent.models.heads import LayerAttentionPooler
 
             head_file = next((Path(where) / f for f in HEAD_FILES if (Path(where) / f).is_file()), None)
             if head_file is None:
@@ -317,8 +320,6 @@ class Encoder(nn.Module):
         ``AutoModel(...).pooler_output`` is the sentence vector for any HF tool (SimCSE's export does
         the same).
         """
-        from raysent.models.st_export import write_sentence_transformers
-
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         infer = inference_pooling(pooling)

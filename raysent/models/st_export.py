@@ -27,6 +27,7 @@ Torch only; imports no Ray and no MLflow.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import re
 from dataclasses import dataclass
@@ -36,6 +37,8 @@ import torch
 from torch import nn
 
 from raysent.errors import ModelError
+
+# Lazy imports: safetensors, transformers (heavy, and only the functions that need them import them).
 
 MODULES_FILE = "modules.json"
 TRANSFORMER_TYPE = "sentence_transformers.base.modules.transformer.Transformer"
@@ -173,8 +176,6 @@ def write_sentence_transformers(path: str | Path, pooling: str, hidden: int, num
 
 
 def _versions() -> dict[str, str]:
-    import importlib.metadata
-
     import transformers
 
     out = {"pytorch": torch.__version__, "transformers": transformers.__version__}

@@ -18,6 +18,8 @@ from sentence_transformers.base.modules import Module
 from raysent.models.heads import LayerAttentionPooler
 from raysent.models.pooling import pool
 
+# Lazy imports: safetensors (heavy, and only the functions that need them import them).
+
 
 class RaysentPooling(Module):
     """Sentence vectors from ``all_layer_embeddings`` and ``attention_mask`` with a raysent pooling."""

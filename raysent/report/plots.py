@@ -28,6 +28,8 @@ from matplotlib.ticker import NullFormatter
 from raysent.errors import RaysentError
 from raysent.report.runs import Run, format_value, load_experiment
 
+# Lazy imports: optuna (heavy, and only the functions that need them import them).
+
 PLOT_KINDS = ("dev", "hp", "importance", "parallel")
 FILES = {"dev": "dev_curves.png", "hp": "search_hyperparameters.png", "importance": "optuna_importances.png",
          "parallel": "optuna_parallel_coordinate.png"}

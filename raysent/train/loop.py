@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from raysent.config import ExperimentConfig
+from raysent.data import load
 from raysent.data.batching import GlobalBatches, TokenizedData, local_part
 from raysent.errors import RaysentError
 from raysent.eval.sts import evaluate_dev
@@ -41,6 +42,8 @@ from raysent.methods.base import Speedups
 from raysent.methods.card import write_card
 from raysent.models.embedder import Embedder
 from raysent.train.records import TrainSummary
+
+# Lazy imports: transformers (heavy, and only the functions that need them import them).
 
 log = logging.getLogger("raysent.train")
 
@@ -262,8 +265,6 @@ def run_training(cfg: ExperimentConfig, method: Method, data: TokenizedData, dev
 
     dev_sets = None
     if hooks.rank == 0:
-        from raysent.data import load
-
         dev_sets = {s: load(s, "scored_pairs") for s in dev_specs}
     embedder = Embedder(method.embed, method.encoder.tokenizer, module=method, max_length=cfg.eval.max_length,
                         batch_size=cfg.eval.batch_size, device=device)

@@ -17,11 +17,15 @@ huge pages on request (``/sys/kernel/mm/transparent_hugepage/enabled``: ``madvis
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import logging
 import os
 import platform
 import re
 from pathlib import Path
+
+# Lazy imports: torch (heavy, and only the functions that need them import them).
 
 log = logging.getLogger("raysent.train")
 
@@ -94,9 +98,6 @@ def release_freed_memory() -> bool:
     each trial trains in a new thread, which glibc may serve from another malloc arena, and the free space
     the last run left in its arena is not handed back by itself (measured: docs/performance.md,
     "Reused trial processes"). Returns whether malloc_trim ran (False off glibc)."""
-    import ctypes
-    import gc
-
     gc.collect()
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)

@@ -34,15 +34,20 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from raysent.config import ExperimentConfig, parse_config, with_overrides
 from raysent.errors import RaysentError
 from raysent.io import write_json_atomic
 from raysent.methods import Gatherer, Method
+from raysent.orphans import note_local_ray, stop_orphaned_local_ray
 from raysent.train import run as in_process
-from raysent.train.loop import BEST_DIR, STATE_FILE, TrainHooks, link_tree
+from raysent.train.gather import DistributedGatherer
+from raysent.train.loop import BEST_DIR, STATE_FILE, TrainHooks, format_eval, link_tree
 from raysent.train.records import TrainSummary, read_summary
 from raysent.train.run import finish, stage_dirs, stderr, train_once, train_stages
+
+# Lazy imports: pyarrow, ray (heavy, and only the functions that need them import them).
 
 SUMMARY_FILE = "summary.json"
 # environment a worker needs to find data and models (absolute paths from the driver)
@@ -87,8 +92,6 @@ class RayHooks(TrainHooks):
 
     def gatherer(self) -> Gatherer:
         if self.distributed and self.gather_negatives:
-            from raysent.train.gather import DistributedGatherer
-
             return DistributedGatherer()
         return Gatherer()  # local negatives: this worker's rows and columns only
 
@@ -101,7 +104,6 @@ class RayHooks(TrainHooks):
                     dist.broadcast(p.data, src=0)
             return method
         from ray.train.torch import prepare_model
-        from torch.nn.parallel import DistributedDataParallel as DDP
 
         ignored = method.ddp_ignored()
         if ignored:
@@ -201,8 +203,6 @@ class RayHooks(TrainHooks):
             if self.rank != 0:  # only rank 0 writes checkpoints: other workers need their copy only to load it
                 self._drop_copy()
         if "dev_spearman" in metrics and not metrics.get("finished"):
-            from raysent.train.loop import format_eval
-
             self.log(format_eval(metrics))
 
     def log(self, msg: str) -> None:
@@ -276,8 +276,6 @@ def init_ray(cfg: ExperimentConfig, log_to_driver: bool = True, **local) -> None
     if address:
         ray.init(address=address, log_to_driver=log_to_driver)
     else:
-        from raysent.orphans import note_local_ray, stop_orphaned_local_ray
-
         stop_orphaned_local_ray(say=lambda m: print(m, file=sys.stderr, flush=True))
         for key, value in LOCAL_RAY_ENV.items():
             os.environ.setdefault(key, value)

@@ -26,6 +26,7 @@ from typing import Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from raysent.errors import RaysentError
+from raysent.io import write_json_atomic
 
 SCHEMA_VERSION: Final = 2
 DIVERGED_DROP: Final = 10.0  # Spearman points (×100) below the untrained start that make a run "diverged"
@@ -101,8 +102,6 @@ class RunRecord(BaseModel):
     def to_disk(self, path: str | Path) -> None:
         """Write the record to ``path`` (under results/<experiment>/runs/ or stopped/), atomically, its folders
         relative to the experiment's folder."""
-        from raysent.io import write_json_atomic
-
         path = Path(path)
         portable = self.model_copy(update=_run_folders(self, lambda p: _relative(p, path.parent.parent)))
         write_json_atomic(path, portable.to_json())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shutil
 import sys
@@ -55,8 +56,6 @@ SUBSET_SEED = 0  # the same subset for every training seed: seeds then differ on
 def _subset(data, n: int):
     """A random subset of n examples, in their original order (the head of a file is often one genre:
     sts-unlabeled starts with STS12's news, so a head would not be a sample of the set)."""
-    import dataclasses
-
     idx = np.sort(np.random.default_rng(SUBSET_SEED).choice(len(data), size=n, replace=False))
     changes = {}
     for f in dataclasses.fields(data):

@@ -13,7 +13,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from raysent.config import ExperimentConfig
+from raysent.data.datasets import load
 from raysent.errors import ConfigError, RaysentError
+from raysent.methods import get_method
 from raysent.tune.plan import SearchPlan
 
 
@@ -37,8 +39,6 @@ class Estimate(BaseModel):
 
 def run_steps(cfg: ExperimentConfig, est: Estimate) -> int:
     """Optimizer steps of one run (every stage): max_steps, else epochs over the training data."""
-    from raysent.methods import get_method
-
     method = get_method(cfg.method)
     if not getattr(method, "trains", True):
         return 0
@@ -60,7 +60,6 @@ def run_steps(cfg: ExperimentConfig, est: Estimate) -> int:
 def _local_size(spec: str | None) -> int:
     if spec is None:
         raise ConfigError("a run given in epochs needs its training data's size: add it to estimate.train_sizes")
-    from raysent.data.datasets import load
 
     try:
         return len(load(spec))

@@ -33,6 +33,7 @@ import json
 import os
 import sys
 import time
+import warnings
 from datetime import datetime
 from pathlib import Path
 
@@ -40,9 +41,27 @@ import yaml
 
 from raysent.config import ExperimentConfig, hyperparameters, with_overrides
 from raysent.errors import Interrupted, RaysentError
+from raysent.preflight import check_resources, preflight
+from raysent.report.compare import compare
+from raysent.report.summary import runs_view_url
+from raysent.tracking import (
+    end_runs_of,
+    ensure_experiment,
+    experiment_name,
+    log_configuration,
+    log_record_artifacts,
+    redact,
+    reopen_run,
+    start_run,
+    tracking_uri,
+)
+from raysent.train.ray_train import init_ray, worker_env
 from raysent.train.records import RunRecord, check_records, validate_record
+from raysent.tune import mlflow_server
 from raysent.tune.best import arm_outcome, by_configuration, pick_best, records
 from raysent.tune.plan import SearchPlan
+from raysent.tune.publish import PublishError, check_publishing, publish
+from raysent.tune.seeds import run_seeds
 from raysent.tune.space import config_id, encode, suggest, warm_source
 from raysent.tune.state import ArmOutcome, Best, Comparison, FailedTrial, SearchState, Summary
 from raysent.tune.trial import (
@@ -56,6 +75,8 @@ from raysent.tune.trial import (
     trial_dirname,
 )
 
+# Lazy imports: optuna, ray, raysent's heavier modules (heavy, and only the functions that need them import them).
+
 BROKEN_RECORD_FIX = ("Delete each broken file and run `raysent tune {source} --resume` again: a finished run's record "
                      "is written again from the result Tune kept for its trial (nothing is trained again); a run "
                      "Tune kept no result of is trained again, alone. (A broken record in stopped/ is the curve "
@@ -64,8 +85,6 @@ BROKEN_RECORD_FIX = ("Delete each broken file and run `raysent tune {source} --r
 
 # --------------------------------------------------------------------------- where things go
 def experiment_dir(cfg: ExperimentConfig) -> Path:
-    from raysent.tracking import experiment_name
-
     return Path(cfg.tracking.results_dir).resolve() / experiment_name(cfg)
 
 
@@ -123,9 +142,6 @@ def write_sent_records(last_results: list[dict], exp: Path, mlflow: MlflowTarget
 
 
 def _log_files(uri: str, rec: RunRecord) -> None:
-    import warnings
-
-    from raysent.tracking import log_record_artifacts, redact
 
     try:
         log_record_artifacts(uri, str(rec.mlflow_run_id), yaml.safe_dump(rec.config, sort_keys=False), rec.to_json())
@@ -183,7 +199,6 @@ def _trainable(cfg: ExperimentConfig, ctx: TrialContext, together: bool = False)
     """Tune's trainable: a trial per (configuration, seed), or per configuration whose seeds train in turns."""
     from ray import tune
 
-    from raysent.tune.seeds import run_seeds
 
     r = cfg.resources
     res = {"CPU": r.trial_cpus} if r.workers else {"CPU": r.cpus_per_worker, "GPU": r.gpus_per_worker}
@@ -192,8 +207,6 @@ def _trainable(cfg: ExperimentConfig, ctx: TrialContext, together: bool = False)
 
 def _context(cfg: ExperimentConfig, exp: Path, state: SearchState, phase: str, mlflow: MlflowTarget | None,
              **extra) -> TrialContext:
-    from raysent.train.ray_train import worker_env
-
     return TrialContext(config=cfg.to_dict(), source=state.source, phase=phase, run=state.run, exp_dir=str(exp),
                         metric=tune_metric(cfg), mlflow=mlflow, env=worker_env(), driver_node=this_node(), **extra)
 
@@ -309,8 +322,6 @@ def run_search(cfg: ExperimentConfig, plan: SearchPlan, exp: Path, state: Search
 def _log_configurations(cfg: ExperimentConfig, mlflow: MlflowTarget, groups: dict[str, list[RunRecord]],
                         best: Best) -> None:
     """A run per searched configuration in MLflow, its seeds' runs below it."""
-    from raysent.tracking import log_configuration
-
     for c in best.configurations:
         recs = groups[c.config_id]
         log_configuration(mlflow.uri, mlflow.experiment_id, with_overrides(cfg, c.hp), "search", c.hp, c.config_id,
@@ -335,7 +346,6 @@ def run_final(cfg: ExperimentConfig, exp: Path, state: SearchState, hp: dict, ml
     from ray import tune
     from ray.tune import RunConfig, TuneConfig, Tuner
 
-    from raysent.tracking import log_configuration
 
     final_cfg = with_overrides(cfg, hp) if hp else cfg
     cid = config_id(hp)
@@ -376,8 +386,6 @@ def run_final(cfg: ExperimentConfig, exp: Path, state: SearchState, hp: dict, ml
 def versus_paper(exp: Path, run: str, paper_cid: str, best_cid: str) -> Comparison:
     """`raysent compare` of the final phase's searched best (B) against the warm-start configuration (A), paired
     by seed: per set the means, the mean difference, the paired t-test and Wilcoxon p."""
-    from raysent.report.compare import compare
-
     runs = exp / "runs"
     res = compare([str(runs / f"final-{run}-{paper_cid}-seed*.json"), str(runs / f"final-{run}-{best_cid}-seed*.json")],
                   exp.parent, phase="final")
@@ -387,9 +395,6 @@ def versus_paper(exp: Path, run: str, paper_cid: str, best_cid: str) -> Comparis
 def serve_store(cfg: ExperimentConfig, exp: Path, uri: str, say):
     """A :class:`~raysent.tune.mlflow_server.TrackingServer` over the local store when the search runs on
     more than one node (:func:`~raysent.tune.mlflow_server.wanted`), else None."""
-    from raysent.tracking import redact
-    from raysent.tune import mlflow_server
-
     if not mlflow_server.wanted(cfg, uri):
         return None
     host = mlflow_server.driver_address()
@@ -404,8 +409,6 @@ def serve_store(cfg: ExperimentConfig, exp: Path, uri: str, say):
 def _checks(cfg: ExperimentConfig, exp: Path, state: SearchState | None, source: str, resume: bool) -> None:
     """Every check that can be made before Ray starts (exit 2, nothing written): the records of a resumed
     search, then the model, data, batch, results folder, MLflow store, Ray address and (a local Ray) resources."""
-    from raysent.preflight import preflight
-
     if resume and state is None:
         raise RaysentError(f"--resume: no search to resume in {exp} (no state.json); run without --resume")
     if resume:
@@ -417,21 +420,15 @@ def _checks(cfg: ExperimentConfig, exp: Path, state: SearchState | None, source:
 def _open_mlflow(cfg: ExperimentConfig, state: SearchState | None, final_only: bool) -> tuple[str, str | None]:
     """The store's URI and the experiment's id (None: tracking off), after the artifact store and the registry
     were checked."""
-    from raysent.tracking import ensure_experiment, tracking_uri
-
     uri = tracking_uri(cfg)
     exp_id = ensure_experiment(cfg)
     if exp_id is not None:
-        from raysent.tune.publish import check_publishing
-
         check_publishing(cfg, exp_id)
     return uri, exp_id
 
 
 def _start(cfg: ExperimentConfig, exp: Path, uri: str, exp_id: str | None, final_only: bool,
            source: str) -> SearchState:
-    from raysent.tracking import start_run
-
     phase = "final" if final_only else "search"
     state = SearchState(run=datetime.now().strftime("%Y%m%d-%H%M%S"), phase=phase, config=cfg.to_dict(),
                         source=source)
@@ -450,9 +447,6 @@ def tune_experiment(cfg: ExperimentConfig, resume: bool = False, final_only: boo
     With ``search.warm_start: paper`` the warm-start configuration is tried first and, when it is not the
     searched best, also run on every seed (``paper_arm``; a suite, which runs its own paper arm, turns this
     off), so that the summary compares the two paired over seeds."""
-    from raysent.tracking import end_runs_of, redact, reopen_run
-    from raysent.train.ray_train import init_ray
-
     say = _say(quiet)
     if not final_only and cfg.search is None:
         raise RaysentError(f"{source}: `raysent tune` needs a 'search' part (space, metric, num_samples, ...); "
@@ -469,7 +463,6 @@ def tune_experiment(cfg: ExperimentConfig, resume: bool = False, final_only: boo
     exp.mkdir(parents=True, exist_ok=True)
     trains = state is None or state.phase not in ("publish", "done")
     if trains or cfg.resources.address or os.environ.get("RAY_ADDRESS"):  # publishing may fetch a model from a node
-        from raysent.preflight import check_resources
 
         init_ray(cfg)
         check_resources(cfg)  # against the Ray this search runs on
@@ -539,9 +532,6 @@ def _finish(cfg: ExperimentConfig, exp: Path, state: SearchState, mlflow: Mlflow
             say) -> Summary:
     """summary.json, then the outcome published where researchers work (files, model cards, MLflow); a
     publishing failure is kept in the summary, and the state stays at that step for ``--resume``."""
-    from raysent.report.summary import runs_view_url
-    from raysent.tracking import redact
-
     summary = Summary(experiment=exp.name, results=str(exp), search=state.run, best=state.best, final=state.final,
                       paper=state.paper, vs_paper=state.vs_paper, warm_source=state.warm_source,
                       mlflow=redact(mlflow.uri) if mlflow else None,
@@ -549,8 +539,6 @@ def _finish(cfg: ExperimentConfig, exp: Path, state: SearchState, mlflow: Mlflow
                       published=state.published)
     summary.save(exp)
     if state.phase == "publish":
-        from raysent.tune.publish import PublishError, publish
-
         try:
             state.published = publish(cfg, exp, state, mlflow, say, save=lambda: state.save(exp))
             state.phase = "done"

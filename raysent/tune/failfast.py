@@ -13,6 +13,8 @@ import os
 
 from ray.tune import Callback, Stopper
 
+# Lazy imports: cloudpickle (heavy, and only the functions that need them import them).
+
 
 def describe(error: BaseException | None) -> tuple[str, str]:
     """(type name, last line of the message) of a trial's error, the original one under Ray's wrappers."""

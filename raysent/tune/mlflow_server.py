@@ -32,6 +32,9 @@ from pathlib import Path
 
 from raysent.config import ExperimentConfig
 from raysent.errors import RaysentError
+from raysent.tracking import redact
+
+# Lazy imports: ray (heavy, and only the functions that need them import them).
 
 HEALTH_TIMEOUT_S = 120  # `mlflow server` answered /health after ~16 s on 2 cores (STACK-NOTES)
 
@@ -130,7 +133,6 @@ def check_reach(uri: str, field: str) -> None:
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from raysent.tracking import redact
 
     nodes = alive_nodes()
     if len(nodes) < 2:

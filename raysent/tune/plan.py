@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from raysent.config import ExperimentConfig
+from raysent.tracking import redact, tracking_uri
 from raysent.tune.space import grid, paper_point
 from raysent.tune.trial import search_seeds, seeds_in_one_trial
 
@@ -108,8 +109,6 @@ class DryRun(_Plan):
 
 
 def dry_run(cfg: ExperimentConfig, exp: Path, final_only: bool = False) -> DryRun:
-    from raysent.tracking import redact, tracking_uri
-
     s, r = cfg.search, cfg.resources
     searched = not final_only and s is not None
     per_trial = ({"trial driver CPU": r.trial_cpus, "Ray Train workers": r.workers,

@@ -28,18 +28,29 @@ Any failure here is one :class:`PublishError` that says what to do; the search's
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import shutil
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlparse
+
+import torch
 
 from raysent.config import ExperimentConfig, hyperparameters, with_overrides
 from raysent.errors import RaysentError
+from raysent.methods.card import write_card
+from raysent.report.runs import load_experiment
+from raysent.tracking import client, experiment_name, fluent, redact, tracking_uri
 from raysent.train.records import RunRecord
+from raysent.tune.best import records
 from raysent.tune.state import LoggedModel, Published, PublishedModel, Registered, SearchState
 from raysent.tune.trial import MlflowTarget
+
+# Lazy imports: mlflow, ray, sentence_transformers, transformers, raysent's heavier modules (heavy, and only the
+# functions that need them import them).
 
 MODEL_ARTIFACT = "model"
 EXPERIMENT_TAG = "raysent.experiment"  # on a registered model: the experiment whose versions it holds
@@ -53,14 +64,10 @@ class PublishError(RaysentError):
 
 
 def registered_name(cfg: ExperimentConfig) -> str:
-    from raysent.tracking import experiment_name
-
     return cfg.tracking.registered_model or experiment_name(cfg)
 
 
 def final_records(exp: Path, run: str, cid: str) -> list[RunRecord]:
-    from raysent.tune.best import records
-
     return [r for r in records(exp, "final", run) if r.config_id == cid]
 
 
@@ -70,7 +77,6 @@ ARM_LABELS = {"paper": "paper's setting", "file": "the file's setting"}  # the w
 def search_table(exp: Path, run: str, best_cid: str | None = None, paper_cid: str | None = None,
                  source: str = "paper"):
     """The mean ± std table of the search's final runs (:func:`raysent.report.table.build_table`)."""
-    from raysent.report.runs import load_experiment
     from raysent.report.table import build_table
 
     runs = [r for r in load_experiment(exp.name, exp.parent, "final") if r.search == run]
@@ -143,7 +149,6 @@ def publish(cfg: ExperimentConfig, exp: Path, state: SearchState, mlflow: Mlflow
     """Steps 1-4 of the module docstring; returns what was published (kept in the state and the summary).
     A model logged or registered is noted in ``state`` at once (``save`` writes it): a publish run again after a
     failure does not log or register it twice."""
-    from raysent.methods.card import write_card
     from raysent.report.plots import plot_experiment
 
     out = Published()
@@ -181,7 +186,6 @@ def _to_mlflow(cfg: ExperimentConfig, exp: Path, state: SearchState, mlflow: Mlf
                section: str, plots: list[Path], say, save, out: Published) -> None:
     from mlflow.entities import Metric, Param, RunTag
 
-    from raysent.tracking import client, redact
 
     uri, parent = mlflow.uri, str(state.parent_run_id)
     c = client(uri)
@@ -240,13 +244,10 @@ def _folder_mb(folder: Path) -> float:
 
 def log_model(uri: str, record: RunRecord, cfg: ExperimentConfig) -> dict:
     """Log one final run's best model (its folder) into that run with the sentence_transformers flavour."""
-    import importlib.metadata
-
     import mlflow
     import mlflow.sentence_transformers
     import transformers
 
-    from raysent.tracking import fluent, redact
 
     folder = Path(record.best_model_dir or "")
     run_id = record.mlflow_run_id
@@ -306,8 +307,6 @@ def fetch_folder(node: str, folder: Path) -> None:
 
 
 def _torch_version() -> str:
-    import torch
-
     return torch.__version__.split("+")[0]
 
 
@@ -316,7 +315,6 @@ def register(cfg: ExperimentConfig, uri: str, model_uri: str, recs: list[RunReco
     """A new version of the registered model, described by the table and tagged with the outcome."""
     from mlflow.tracking import MlflowClient
 
-    from raysent.tracking import experiment_name, fluent, redact
 
     name = registered_name(cfg)
     exp_name = experiment_name(cfg)
@@ -386,8 +384,6 @@ class _FastFail:
 
 def _local_path(artifact_uri: str) -> Path | None:
     if artifact_uri.startswith("file://"):
-        from urllib.parse import unquote, urlparse
-
         return Path(unquote(urlparse(artifact_uri).path))
     return Path(artifact_uri) if "://" not in artifact_uri else None
 
@@ -396,8 +392,6 @@ def check_publishing(cfg: ExperimentConfig, experiment_id: str) -> None:
     """Before a search trains: the experiment's artifact store can be written (when it is a local folder), and,
     with ``tracking.log_model`` on, the model registry answers and its name for the model is free or this
     experiment's. Raises :class:`PublishError` with what to do."""
-    from raysent.tracking import client, experiment_name, redact, tracking_uri
-
     uri = tracking_uri(cfg)
     location = client(uri).get_experiment(experiment_id).artifact_location
     folder = _local_path(location)

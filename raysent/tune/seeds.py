@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from raysent.config import ExperimentConfig
+from raysent.config import ExperimentConfig, parse_config
 from raysent.train.loop import TrainHooks, rng_state, set_rng_state
 from raysent.train.records import RunRecord, TrainSummary, read_record
 from raysent.train.run import train_in_process
@@ -52,6 +52,8 @@ from raysent.tune.trial import (
     training_fields,
     trial_identity,
 )
+
+# Lazy imports: ray (heavy, and only the functions that need them import them).
 
 SEED_POINTS = "seed_points"  # the result key of each seed's latest evaluation (JSON), for stopped trials' records
 JOIN_SECONDS = 120  # how long an ended trial waits for its seeds' threads to leave their loops
@@ -206,7 +208,6 @@ def run_seed_group(config: dict, ctx: TrialContext, trial_id: str) -> list[RunRe
     round; returns the seeds' run records (written, each with its MLflow run ended)."""
     from ray import tune
 
-    from raysent.config import parse_config
 
     base = parse_config(ctx.config, source=ctx.source)
     runs = []

@@ -9,12 +9,15 @@ store (lists, mappings) are given to it as labels and decoded back here. Imports
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import math
 from typing import Any
 
-from raysent.config import ExperimentConfig, SpaceEntry, hyperparameters
+from raysent.config import ExperimentConfig, ModelConfig, SpaceEntry, TrainConfig, hyperparameters
+
+# Lazy imports: raysent's heavier modules (heavy, and only the functions that need them import them).
 
 PRIMITIVE = (str, int, float, bool, type(None))
 
@@ -95,8 +98,6 @@ def grid(space: dict[str, SpaceEntry]) -> list[dict]:
 
 def config_id(hp: dict) -> str:
     """A short stable id of one configuration (groups its seeds in files, MLflow and tables)."""
-    import hashlib
-
     return hashlib.sha1(json.dumps(hp, sort_keys=True, default=str).encode()).hexdigest()[:10]
 
 
@@ -112,7 +113,6 @@ def _own_value(cfg: ExperimentConfig, name: str) -> Any:
 
 def _paper_value(cfg: ExperimentConfig, name: str) -> Any:
     """The method's paper default of a searched entry (what the value would be had the file not set it)."""
-    from raysent.config import ModelConfig, TrainConfig
     from raysent.methods import get_method
 
     method = get_method(cfg.method)

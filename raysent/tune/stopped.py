@@ -22,6 +22,8 @@ from pathlib import Path
 
 from ray.tune import Callback
 
+from raysent.tracking import LiveRun
+from raysent.train.ray_train import take_best_model_of_run
 from raysent.tune.seeds import SEED_POINTS
 from raysent.tune.trial import (
     LIVE_RUN_FILE,
@@ -98,7 +100,6 @@ class StoppedTrials(Callback):
         out = cfg.output_dir()
         if cfg.resources.workers and not (out / "best").is_dir():
             # a Ray Train trial keeps its best model in its checkpoints until it finishes
-            from raysent.train.ray_train import take_best_model_of_run
 
             try:
                 take_best_model_of_run(cfg)
@@ -121,8 +122,6 @@ class StoppedTrials(Callback):
         path = record_path(ctx, rec, stopped=True)
         live = None  # the trial's live MLflow run, where its folder is on this machine
         if ctx.mlflow and (out / LIVE_RUN_FILE).is_file():
-            from raysent.tracking import LiveRun
-
             live = LiveRun(ctx.mlflow.uri, (out / LIVE_RUN_FILE).read_text().strip())
         save_record(path, rec, cfg, ctx, live=live, status="KILLED", tags={"stopped_by": "scheduler"})
         if rec.best_model_dir:  # its best model is kept: the checkpoints go as a finished trial's do

@@ -31,8 +31,17 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from raysent.config import ExperimentConfig, load_config, parse_config, read_yaml, with_overrides
+from raysent.data.datasets import DATASETS, STS_TASKS, local_files, parse_spec
 from raysent.errors import ConfigError, Interrupted, RaysentError
+from raysent.methods import get_method
+from raysent.models.encoder import resolve_model
+from raysent.report.compare import compare
+from raysent.report.runs import load_experiment
 from raysent.tune.cost import Estimate, estimate_seconds
+from raysent.tune.driver import experiment_dir, tune_experiment
+from raysent.tune.state import SearchState
+
+# Lazy imports: raysent's heavier modules (heavy, and only the functions that need them import them).
 
 ARMS = ("paper", "searched")
 
@@ -124,10 +133,6 @@ def arms(suite: SuiteConfig, base: Path,
 # --------------------------------------------------------------------------- what a run reads
 def sources(cfg: ExperimentConfig) -> dict[str, str]:
     """Every model and data split an experiment reads, and where from: a local path, or the hub (a download)."""
-    from raysent.data.datasets import DATASETS, STS_TASKS, local_files, parse_spec
-    from raysent.methods import get_method
-    from raysent.models.encoder import resolve_model
-
     out: dict[str, str] = {}
     path, _ = resolve_model(cfg.model.name)
     out[f"model {cfg.model.name}"] = (f"local: {path}" if path != cfg.model.name or Path(path).is_dir()
@@ -164,9 +169,6 @@ def sources(cfg: ExperimentConfig) -> dict[str, str]:
 # --------------------------------------------------------------------------- running
 def status(cfg: ExperimentConfig) -> str:
     """'done', 'started' or 'new' for one arm's experiment folder."""
-    from raysent.tune.driver import experiment_dir
-    from raysent.tune.state import SearchState
-
     state = SearchState.load(experiment_dir(cfg))
     if state is None:
         return "new"
@@ -200,8 +202,6 @@ def plan(path: str | Path, only: list[str] | None = None) -> dict:
 
 def run_suite(path: str | Path, resume: bool = False, only: list[str] | None = None, say=print) -> dict:
     """Every arm in order (finished ones skipped with ``resume``), then the table and the comparisons."""
-    from raysent.tune.driver import experiment_dir, tune_experiment
-
     path = Path(path)
     suite = load_suite(path)
     todo = arms(suite, path.parent, only)
@@ -243,8 +243,6 @@ def write_report(suite: SuiteConfig, path: Path, results_dir: Path) -> dict:
     full labels, the papers' rows), ``summary.md`` (one line per method and arm, then the papers' rows),
     ``compare.{md,json}`` and ``headline.md`` (one line per method: both arms' Avg, Δ, p and whether each
     learned; the README's table)."""
-    from raysent.report.compare import compare
-    from raysent.report.runs import load_experiment
     from raysent.report.table import build_table
 
     out = results_dir / suite.name

@@ -22,13 +22,20 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from raysent.config import ExperimentConfig, hyperparameters, parse_config, with_overrides
+from raysent.eval.suite import evaluate_tasks
+from raysent.models.encoder import Encoder
+from raysent.tracking import LiveRun, log_training_run, run_name
 from raysent.train.loop import TrainHooks
+from raysent.train.memory import release_freed_memory
+from raysent.train.ray_train import delete_checkpoints, train_one_with_ray
 from raysent.train.records import RunRecord, TrainSummary, diverged, learned, read_record
 from raysent.train.run import train_in_process, train_stages
 from raysent.tune.space import config_id, decode
 
 if TYPE_CHECKING:
     from raysent.tracking import LiveRun
+
+# Lazy imports: ray, raysent's heavier modules (heavy, and only the functions that need them import them).
 
 RECORD_KEY = "raysent_record"  # the result key a finished trial sends its record in (see run_trial)
 STOPPED_DIR = "stopped"
@@ -127,8 +134,6 @@ class TrialNamer:
         self.together = search_seeds(cfg) if seeds_in_one_trial(cfg) else []
 
     def __call__(self, trial) -> str:
-        from raysent.tracking import run_name
-
         config = trial.config
         if self.phase == "search" and self.together:
             name = run_name({"phase": self.phase, "hp": decode(config, self.space), "seed": 0})
@@ -206,8 +211,6 @@ LIVE_RUN_FILE = "mlflow_run_id"  # in a trial's output folder: the id of its liv
 def open_live_run(ctx: TrialContext, cfg: ExperimentConfig, identity: dict) -> LiveRun | None:
     """The trial's MLflow run, opened (or, for a trial resumed from its checkpoint, reopened) before it
     trains; None without tracking."""
-    from raysent.tracking import LiveRun
-
     m = ctx.mlflow
     if not m:
         return None
@@ -234,8 +237,6 @@ def save_record(path: Path, record: RunRecord, cfg: ExperimentConfig, ctx: Trial
     """Write the run record (atomic), end its MLflow run (``live``, else one written at once;
     ``mlflow_run``: status, tags) and write it again with the run's id: the record is on disk even when
     MLflow fails. Returns the record as written."""
-    from raysent.tracking import log_training_run
-
     record.to_disk(path)
     m = ctx.mlflow
     if m:
@@ -252,8 +253,6 @@ def drop_checkpoints(cfg: ExperimentConfig) -> None:
     resumed run reads them, and Tune runs such a trial no more; a model plus its optimizer state per trial
     (~1.3 GB for BERT-base) would add up over a search."""
     if not (cfg.search and cfg.search.keep_checkpoints):
-        from raysent.train.ray_train import delete_checkpoints
-
         delete_checkpoints(cfg)
 
 
@@ -261,8 +260,6 @@ def drop_checkpoints(cfg: ExperimentConfig) -> None:
 def prepare_process(ctx: TrialContext) -> None:
     """What a trial's process does before its trial: hand back the memory the trial before it freed (Tune reuses
     the process, reuse_trial_processes), end quietly when Ray ends it, and take the driver's data folders."""
-    from raysent.train.memory import release_freed_memory
-
     release_freed_memory()
     sys.unraisablehook = quiet_exit
     for key, value in ctx.env.items():
@@ -328,7 +325,6 @@ def train_trial(cfg: ExperimentConfig, live: LiveRun | None = None) -> TrainSumm
     if cfg.resources.workers:
         from ray.tune.integration.ray_train import TuneReportCallback
 
-        from raysent.train.ray_train import train_one_with_ray
         from raysent.tune.live import MlflowReportCallback
 
         callbacks = [TuneReportCallback(), *([MlflowReportCallback(live)] if live is not None else [])]
@@ -339,9 +335,6 @@ def train_trial(cfg: ExperimentConfig, live: LiveRun | None = None) -> TrainSumm
 
 def evaluate_final(cfg: ExperimentConfig, model_dir: str) -> dict:
     """The final phase's test evaluation of the saved best model (``eval.tasks``)."""
-    from raysent.eval.suite import evaluate_tasks
-    from raysent.models.encoder import Encoder
-
     e = cfg.eval
     encoder = Encoder.load(model_dir)  # the saved best model, with its inference pooling in raysent.json
     encoder.eval()
