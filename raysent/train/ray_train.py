@@ -280,7 +280,9 @@ def init_ray(cfg: ExperimentConfig, log_to_driver: bool = True, **local) -> None
         for key, value in LOCAL_RAY_ENV.items():
             os.environ.setdefault(key, value)
         context = ray.init(dashboard_host="127.0.0.1", log_to_driver=log_to_driver, **local)
-        note_local_ray(context.address_info["session_dir"])  # stopped by the next raysent if this one is killed
+        session = (getattr(context, "address_info", None) or {}).get("session_dir")
+        if session:
+            note_local_ray(session)  # stopped by the next raysent if this one is killed
 
 
 def run_location(cfg: ExperimentConfig) -> tuple[str, str]:

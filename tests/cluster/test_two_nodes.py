@@ -1,4 +1,4 @@
-"""A search on a 2-node Ray cluster whose second node cannot see the driver's files (it runs in its own mount
+"""A search by `--address` on a 2-node Ray cluster whose second node cannot see the driver's files (it runs in its own mount
 namespace, with a private tmpfs over the results folder), as a cluster's worker nodes cannot: raysent serves
 its local MLflow store to the trials on the driver's cluster address for the time of the search, and afterwards
 every seed run is in the driver's store with its live curve and its files, every run record is in results/, and
@@ -11,6 +11,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 
 import psutil
 import pytest
@@ -79,14 +80,21 @@ def test_a_search_on_two_nodes_keeps_every_run_in_the_drivers_store(tmp_path):
                 f"--num-cpus=2 {' '.join(common)}")
         subprocess.run(["unshare", "--mount", "sh", "-c", node], check=True, capture_output=True, env=env,
                        timeout=120)
-        path = experiment(tmp_path, "two", SEARCH, "[1, 2]", sts_sets="[stsb]")
-        joined = {**env, "RAY_ADDRESS": f"127.0.0.1:{port}"}
+        nodes = subprocess.run(
+            [sys.executable, "-c", f"import ray, json; ray.init(address='127.0.0.1:{port}', log_to_driver=False); "
+             "print(json.dumps([n['Resources'].get('CPU', 0) for n in ray.nodes() if n['Alive']]))"],
+            capture_output=True, text=True, env=env, timeout=120)
+        assert sorted(json.loads(nodes.stdout.strip().splitlines()[-1])) == [0, 2]
+        # Tune's state goes to storage the driver never created (on a cluster: storage every node shares)
+        storage = tmp_path / "shared-storage" / "not" / "created"
+        path = experiment(tmp_path, "two", SEARCH, "[1, 2]", sts_sets="[stsb]", resources=f", storage_path: {storage}")
+        address = ["--address", f"127.0.0.1:{port}"]  # the address from --address alone
         # a store no trial node can reach is refused before the first trial
-        refused = run_cli("tune", path, "--set", "tracking.server=never", env=joined, check=False, timeout=300)
+        refused = run_cli("tune", path, *address, "--set", "tracking.server=never", env=env, check=False, timeout=300)
         assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
         assert "is a file on this machine, and the search runs on 2 nodes" in refused.stderr
         assert not list((results / "two").glob("runs/*.json"))
-        done = run_cli("tune", path, env=joined, timeout=600)
+        done = run_cli("tune", path, *address, env=env, timeout=600)
     finally:
         stop_cluster(temp_dir)
 
@@ -112,6 +120,11 @@ def test_a_search_on_two_nodes_keeps_every_run_in_the_drivers_store(tmp_path):
         curve = client.get_metric_history(r["mlflow_run_id"], "dev_spearman")
         assert [m.step for m in curve] == [p["step"] for p in r["dev_curve"]] == [2, 4]  # live, at each evaluation
         assert {a.path for a in client.list_artifacts(r["mlflow_run_id"])} >= {"config.yaml", "result.json"}
+    # Tune's experiment state and trial folders went to the storage path, which Ray created
+    search = json.loads((exp / "summary.json").read_text())["search"]
+    assert (storage / "two" / f"search-{search}").is_dir() and (storage / "two" / f"final-{search}").is_dir()
+    assert len(list((storage / "two" / f"search-{search}").glob("*/result.json"))) == 2
+    assert not (exp / "tune").exists()
     # the best final model came here from the other node's disk, with its card, and is registered
     published = json.loads((exp / "summary.json").read_text())["published"]
     best = exp / published["best_model_dir"]  # relative to the experiment's folder in the file
