@@ -422,8 +422,11 @@ def _node_line(root: yaml.Node | None, path: tuple) -> int | None:
 
 
 def _fmt_value(v: Any) -> str:
+    """The value as the error shows it: a long list or mapping is cut at 80 characters, a string (a path, a
+    name) only past 400, so that the path a user must fix is shown whole."""
     text = repr(v)
-    return text if len(text) <= 80 else text[:77] + "..."
+    limit = 400 if isinstance(v, str) else 80
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _explain(err: Mapping[str, Any], allowed_keys: dict[tuple, list[str]]) -> str:
