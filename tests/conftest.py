@@ -23,6 +23,12 @@ for _var in ("RAYSENT_DATA_DIR", "RAYSENT_MODEL_DIR"):
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no hub here: fail fast instead of waiting on the network
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+# Under pytest-xdist (pyproject's addopts: -n 2) each worker trains on its share of the cores: two workers with
+# torch's default of one thread per core oversubscribe the machine, and OpenMP threads then spin against each
+# other. Processes a test starts (raysent commands, Ray's workers) inherit the share through OMP_NUM_THREADS.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))
 
 RAW_BERT = "raw-bert-mini-mlm"  # 4-layer MLM-only BERT: a raw starting point
 PARAPHRASE = "paraphrase-MiniLM-L3-v2"

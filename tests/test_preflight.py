@@ -146,7 +146,7 @@ def test_fail_fast_stops_only_when_the_first_n_trials_fail_the_same_way():
 
 @pytest.mark.slow
 @pytest.mark.shared
-def test_a_search_whose_first_trials_fail_alike_stops_with_that_error(ray_cluster, tmp_path):
+def test_a_search_whose_first_trials_fail_alike_stops_with_that_error(ray_cluster, tiny_bert, tmp_path):
     """Every trial fails in training (a temperature so small that cos/τ overflows: the loss is NaN at the first
     step, which no check before training can see): the search stops after search.fail_fast of them, with the
     one error; MLflow has them FAILED with their reason, and the search's own run too."""
@@ -157,7 +157,7 @@ def test_a_search_whose_first_trials_fail_alike_stops_with_that_error(ray_cluste
     from raysent.tune.driver import tune_experiment
 
     cfg = parse_config({
-        "name": "ff", "method": "simcse-unsup", "model": {"name": RAW_BERT},
+        "name": "ff", "method": "simcse-unsup", "model": {"name": tiny_bert},
         "data": {"train": "stsb-unlabeled", "dev": "stsb:dev", "max_train_samples": 64},
         "train": {"batch_size": 16, "max_steps": 2, "eval_at_start": False},
         "resources": {"cpus_per_worker": 0.9}, "tracking": {"results_dir": str(tmp_path)},

@@ -62,7 +62,7 @@ def stop_cluster(temp_dir: str) -> None:
 
 
 @pytest.mark.skipif(not unshare_works(), reason="needs `unshare --mount` to give the second node its own files")
-def test_a_search_on_two_nodes_keeps_every_run_in_the_drivers_store(tmp_path):
+def test_a_search_on_two_nodes_keeps_every_run_in_the_drivers_store(tiny_bert, tmp_path):
     from mlflow.tracking import MlflowClient
 
     ray_bin = shutil.which("ray") or os.path.join(os.path.dirname(os.sys.executable), "ray")
@@ -87,7 +87,8 @@ def test_a_search_on_two_nodes_keeps_every_run_in_the_drivers_store(tmp_path):
         assert sorted(json.loads(nodes.stdout.strip().splitlines()[-1])) == [0, 2]
         # Tune's state goes to storage the driver never created (on a cluster: storage every node shares)
         storage = tmp_path / "shared-storage" / "not" / "created"
-        path = experiment(tmp_path, "two", SEARCH, "[1, 2]", sts_sets="[stsb]", resources=f", storage_path: {storage}")
+        path = experiment(tmp_path, "two", SEARCH, "[1, 2]", sts_sets="[stsb]", resources=f", storage_path: {storage}",
+                          model=tiny_bert)
         address = ["--address", f"127.0.0.1:{port}"]  # the address from --address alone
         # a store no trial node can reach is refused before the first trial
         refused = run_cli("tune", path, *address, "--set", "tracking.server=never", env=env, check=False, timeout=300)

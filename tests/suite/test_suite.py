@@ -17,7 +17,7 @@ from scipy import stats
 from raysent.errors import ConfigError, RaysentError
 from raysent.tune.suite import format_comparisons, load_suite, plan, run_suite, write_report
 
-from conftest import RAW_BERT, REPO, run_cli
+from conftest import REPO, run_cli
 
 
 def _md_rows(md: str) -> list[list[str]]:
@@ -189,10 +189,11 @@ experiments:
 
 @pytest.mark.slow
 @pytest.mark.shared
-def test_tiny_suite_runs_resumes_and_compares(ray_cluster, tmp_path):
+def test_tiny_suite_runs_resumes_and_compares(ray_cluster, tiny_bert, tmp_path):
     results = tmp_path / "results"
     path = tmp_path / "tiny.yaml"
-    path.write_text(SUITE.format(model=RAW_BERT, results=results, repo=REPO))
+    # the suite's plumbing (resume, arms, tables, paired tests), not what it learns: the tiny random BERT
+    path.write_text(SUITE.format(model=tiny_bert, results=results, repo=REPO))
 
     # an interrupted suite: only the first experiment finished
     run_suite(path, only=["base"], say=lambda m: None)

@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import psutil
 import pytest
-
-from raysent.orphans import MARKERS
 
 from conftest import REPO, run_cli
 from conftest import tiny_experiment as experiment
@@ -29,12 +30,16 @@ SEARCH = """\
 """
 
 
-def test_the_next_command_stops_the_ray_a_killed_driver_left(tmp_path):
-    path = experiment(tmp_path, "orphan", SEARCH, "[1]", max_steps=200)
+def test_the_next_command_stops_the_ray_a_killed_driver_left(tiny_bert, tmp_path):
+    path = experiment(tmp_path, "orphan", SEARCH, "[1]", max_steps=2000, model=tiny_bert)
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # its own local Ray, not the tests'
+    # its own temporary folder (short: Ray's socket paths must fit), so that no other raysent command, of a test
+    # running beside this one, finds the killed driver's Ray first (raysent.orphans.MARKERS lies under it)
+    env["TMPDIR"] = tempfile.mkdtemp(prefix="ro-")
+    markers = Path(env["TMPDIR"]) / "raysent-local-ray"
     proc = subprocess.Popen([sys.executable, "-m", "raysent.cli", "tune", path, "--quiet"], cwd=REPO, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    marker = MARKERS / f"driver-{proc.pid}.json"
+    marker = markers / f"driver-{proc.pid}.json"
     deadline = time.time() + 120
     while time.time() < deadline and not (tmp_path / "results" / "orphan" / "search").exists():
         time.sleep(0.5)  # a trial has started: Ray and its agents are up
@@ -54,3 +59,4 @@ def test_the_next_command_stops_the_ray_a_killed_driver_left(tmp_path):
     assert not [pid for pid in left if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
     assert not marker.exists()
     assert "stopped" not in run_cli("methods", env=env, timeout=120).stderr  # once only
+    shutil.rmtree(env["TMPDIR"], ignore_errors=True)

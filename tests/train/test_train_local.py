@@ -62,7 +62,7 @@ def test_raysent_train_improves_checkpoints_and_reloads(tmp_path):
     AutoModel.from_pretrained(out / "best")
 
 
-def _small(tmp_path, name, **over):
+def _small_run(tmp_path, name, **over):
     cfg_path = tmp_path / "small.yaml"
     cfg_path.write_text(CONFIG)
     cfg = load_config(cfg_path)
@@ -83,7 +83,10 @@ def dies_at(step: int):
 
 
 @pytest.mark.slow
-def test_seeded_and_resumes_exactly_after_a_crash(tmp_path, monkeypatch):
+def test_seeded_and_resumes_exactly_after_a_crash(tiny_bert, tmp_path, monkeypatch):
+    def _small(tmp_path, name, **over):  # exactness, not learning: the tiny random BERT
+        return _small_run(tmp_path, name, **{"model.name": tiny_bert, **over})
+
     ref = train_in_process(_small(tmp_path, "ref"), quiet=True)
     again = train_in_process(_small(tmp_path, "again"), quiet=True)
     assert again.loss_curve == ref.loss_curve  # same seed, same loss curve

@@ -24,10 +24,11 @@ ONE_POINT = """\
 """
 
 
-def test_broken_records_are_named_first_and_resume_rewrites_them_from_tune(ray_cluster, tmp_path):
+def test_broken_records_are_named_first_and_resume_rewrites_them_from_tune(ray_cluster, tiny_bert, tmp_path):
     from raysent.tune.driver import tune_experiment
 
-    path = experiment(tmp_path, "cut", ONE_POINT, "[1]", sts_sets="[stsb]", tracking=", log_model: none")
+    path = experiment(tmp_path, "cut", ONE_POINT, "[1]", sts_sets="[stsb]", tracking=", log_model: none",
+                      model=tiny_bert)
     tune_experiment(load_config(path), quiet=True)
     runs = tmp_path / "results" / "cut" / "runs"
     files = sorted(runs.glob("*.json"))

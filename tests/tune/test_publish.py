@@ -64,7 +64,8 @@ def test_a_taken_model_name_and_an_unreachable_registry_stop_the_search_before_r
 
 
 @pytest.mark.skipif(not unshare_works(), reason="needs `unshare --mount` (a read-only mount of the test's own)")
-def test_a_read_only_parent_artifact_store_keeps_the_records_and_resume_logs_the_outcome(ray_cluster, tmp_path):
+def test_a_read_only_parent_artifact_store_keeps_the_records_and_resume_logs_the_outcome(ray_cluster, tiny_bert,
+                                                                                        tmp_path):
     """The search and its final phase finish; the parent run's artifact folder is on a read-only file system when
     the outcome is logged: one error after the summary, every record kept, the search's state at that step.
     `--resume` on a writable store then logs it (table, model, registry) and trains nothing."""
@@ -72,7 +73,7 @@ def test_a_read_only_parent_artifact_store_keeps_the_records_and_resume_logs_the
 
     from raysent.tune.driver import tune_experiment
 
-    path = experiment(tmp_path, "ro", ONE_POINT, "[1]", sts_sets="[stsb]")
+    path = experiment(tmp_path, "ro", ONE_POINT, "[1]", sts_sets="[stsb]", model=tiny_bert)
     tune_experiment(load_config(path), quiet=True, search_only=True)  # the search; its parent run exists
     exp = tmp_path / "results" / "ro"
     state = json.loads((exp / "state.json").read_text())

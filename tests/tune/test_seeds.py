@@ -27,14 +27,15 @@ CONFIG = {
 
 
 @pytest.mark.slow  # trains 4 runs of 6 steps
-def test_seeds_in_turns_train_as_alone_and_the_trial_reports_their_mean(tmp_path, monkeypatch):
+def test_seeds_in_turns_train_as_alone_and_the_trial_reports_their_mean(tiny_bert, tmp_path, monkeypatch):
     import ray.tune
 
     from raysent.train.run import train_in_process
     from raysent.tune.seeds import SEED_POINTS, run_seed_group
     from raysent.tune.trial import TrialContext, seeds_in_one_trial
 
-    cfg = parse_config({**CONFIG, "tracking": {"results_dir": str(tmp_path / "results"), "enabled": False}})
+    cfg = parse_config({**CONFIG, "model": {"name": tiny_bert},  # plumbing, not learning: the tiny random BERT
+                        "tracking": {"results_dir": str(tmp_path / "results"), "enabled": False}})
     assert seeds_in_one_trial(cfg)
     reported: list[dict] = []
     monkeypatch.setattr(ray.tune, "report", lambda metrics, **kw: reported.append(dict(metrics)))
@@ -78,7 +79,7 @@ def test_seeds_in_turns_train_as_alone_and_the_trial_reports_their_mean(tmp_path
 
 
 @pytest.mark.slow  # starts training
-def test_a_failing_seed_fails_the_configuration_and_ends_the_others(tmp_path, monkeypatch):
+def test_a_failing_seed_fails_the_configuration_and_ends_the_others(tiny_bert, tmp_path, monkeypatch):
     import threading
 
     import ray.tune
@@ -87,7 +88,8 @@ def test_a_failing_seed_fails_the_configuration_and_ends_the_others(tmp_path, mo
     from raysent.tune.seeds import run_seed_group
     from raysent.tune.trial import TrialContext
 
-    cfg = parse_config({**CONFIG, "tracking": {"results_dir": str(tmp_path / "results"), "enabled": False}})
+    cfg = parse_config({**CONFIG, "model": {"name": tiny_bert},  # plumbing, not learning: the tiny random BERT
+                        "tracking": {"results_dir": str(tmp_path / "results"), "enabled": False}})
     monkeypatch.setattr(ray.tune, "report", lambda metrics, **kw: None)
     ctx = TrialContext(config=cfg.to_dict(), source="seeds.yaml", phase="search", run="r1",
                        exp_dir=str(tmp_path / "results" / "seeds"), metric="best_dev_spearman")
