@@ -62,13 +62,13 @@ def test_raysent_train_improves_checkpoints_and_reloads(tmp_path):
     AutoModel.from_pretrained(out / "best")
 
 
-def _small_run(tmp_path, name, **over):
+def _small(tmp_path, name, model, **over):
     cfg_path = tmp_path / "small.yaml"
     cfg_path.write_text(CONFIG)
     cfg = load_config(cfg_path)
     return with_overrides(cfg, {"batch_size": 32, "max_steps": 12, "eval_every": 4, "log_every": 2,
                                 "eval_at_start": False, "train.output_dir": str(tmp_path / name),
-                                "data.dev": ["sickr:dev"], "data.max_train_samples": 2000, **over})
+                                "data.dev": ["sickr:dev"], "data.max_train_samples": 2000, "model.name": model, **over})
 
 
 def dies_at(step: int):
@@ -84,13 +84,11 @@ def dies_at(step: int):
 
 @pytest.mark.slow
 def test_seeded_and_resumes_exactly_after_a_crash(tiny_bert, tmp_path, monkeypatch):
-    def _small(tmp_path, name, **over):  # exactness, not learning: the tiny random BERT
-        return _small_run(tmp_path, name, **{"model.name": tiny_bert, **over})
-
-    ref = train_in_process(_small(tmp_path, "ref"), quiet=True)
-    again = train_in_process(_small(tmp_path, "again"), quiet=True)
+    # exactness, not learning: the tiny random BERT
+    ref = train_in_process(_small(tmp_path, "ref", tiny_bert), quiet=True)
+    again = train_in_process(_small(tmp_path, "again", tiny_bert), quiet=True)
     assert again.loss_curve == ref.loss_curve  # same seed, same loss curve
-    crashed = _small(tmp_path, "crash")
+    crashed = _small(tmp_path, "crash", tiny_bert)
     with monkeypatch.context() as m, pytest.raises(RuntimeError, match="injected failure at step 6"):
         m.setattr(Stepper, "step", dies_at(6))
         train_in_process(crashed, quiet=True)
@@ -100,7 +98,7 @@ def test_seeded_and_resumes_exactly_after_a_crash(tiny_bert, tmp_path, monkeypat
     assert [c["dev_spearman"] for c in resumed.dev_curve] == [c["dev_spearman"] for c in ref.dev_curve]
     assert resumed.best_dev_spearman == ref.best_dev_spearman
     assert resumed.loss_curve == ref.loss_curve
-    other_seed = train_in_process(_small(tmp_path, "seed7", seed=7), quiet=True)
+    other_seed = train_in_process(_small(tmp_path, "seed7", tiny_bert, seed=7), quiet=True)
     assert other_seed.loss_curve != ref.loss_curve
 
 
