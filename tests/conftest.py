@@ -208,7 +208,9 @@ def ray_cluster():
         # started as `raysent train` / `raysent tune` start a local Ray (LOCAL_RAY_ENV included), a cluster in
         # RAY_ADDRESS joined as it is
         cfg = parse_config({"name": "tests", "method": "simcse-unsup", "model": {"name": RAW_BERT}}, source="<tests>")
-        init_ray(cfg, log_to_driver=False, num_cpus=2, include_dashboard=True)
+        # no dashboard: no test needs it, and two of them (one Ray per xdist worker) took ~70 CPU-seconds of a
+        # full test run (docs/testing.md)
+        init_ray(cfg, log_to_driver=False, num_cpus=2, include_dashboard=False)
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
 

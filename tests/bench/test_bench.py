@@ -1,5 +1,5 @@
-"""`raysent bench` runs every part and writes what it measured (tiny budgets; timings are never
-asserted, only that the measurements exist, are consistent and compare equal things)."""
+"""`raysent bench` runs every part and writes what it measured (tiny budgets; timings are never asserted,
+only that the measurements exist, are consistent and compare equal things)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,14 @@ import pytest
 from raysent.bench import BenchOptions, BenchResult, format_markdown
 from raysent.errors import RaysentError
 
-from conftest import PARAPHRASE, RAW_BERT, run_cli
+from conftest import RAW_BERT, run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.shared]
 
 
 def test_bench_training_speedups_and_evaluation_write_json_and_markdown(tmp_path):
+    # a real encoder: the evaluation part compares raysent's STS-B score with sentence-transformers', which
+    # truncate the tiny BERT's character tokens differently
     out = tmp_path / "bench"
     proc = run_cli("bench", "--model", RAW_BERT, "--parts", "training,speedups,evaluation,gpu",
                    "--methods", "simcse-unsup,sg-opt", "--speedups", "cache_views,grad_cache",
@@ -53,19 +55,21 @@ def test_bench_training_speedups_and_evaluation_write_json_and_markdown(tmp_path
         assert heading in md
 
 
-def test_bench_overhead_runs_the_same_training_four_ways(ray_cluster, monkeypatch):
+def test_bench_overhead_runs_the_same_training_four_ways(ray_cluster, tiny_bert, monkeypatch):
     import datetime
     import os
+    from pathlib import Path
 
     from raysent.bench import method_config
     from raysent.bench.overhead import bench_overhead
     from raysent.bench.result import Machine
 
-    # as the README runs it (RAYSENT_MODEL_DIR=../shared/models): Tune trials and Train workers run in other
-    # folders, so the path must reach them made absolute
-    monkeypatch.setenv("RAYSENT_MODEL_DIR", os.path.relpath(os.environ["RAYSENT_MODEL_DIR"]))
+    # as the README runs it (RAYSENT_MODEL_DIR=../shared/models, a model by its folder's name): Tune trials and
+    # Train workers run in other folders, so the path must reach them made absolute. What is timed, not what
+    # is learned: the tiny random BERT
+    monkeypatch.setenv("RAYSENT_MODEL_DIR", os.path.relpath(Path(tiny_bert).parent))
 
-    opts = BenchOptions(model=PARAPHRASE, batch_size=16, max_length=24)
+    opts = BenchOptions(model=Path(tiny_bert).name, batch_size=16, max_length=24)
     raw = method_config(opts, "simcse-unsup")
     raw["data"].update({"max_train_samples": 16 * 4, "dev": "sickr:dev"})
     raw["train"].update({"eval_at_start": False, "eval_every": 2})
@@ -96,7 +100,7 @@ def test_bench_overhead_runs_the_same_training_four_ways(ray_cluster, monkeypatc
     assert "CPU while the Ray Train run ran" in md
 
 
-def test_a_part_that_fails_keeps_what_it_and_the_other_parts_measured(ray_cluster, monkeypatch, tmp_path):
+def test_a_part_that_fails_keeps_what_it_and_the_other_parts_measured(ray_cluster, tiny_bert, monkeypatch, tmp_path):
     """The overhead part fails at its Tune ways: its bare and Ray Train measurements, and the part after it,
     are still written, the failure is named, and the command exits 1."""
     from raysent.bench import overhead
@@ -107,7 +111,7 @@ def test_a_part_that_fails_keeps_what_it_and_the_other_parts_measured(ray_cluste
 
     monkeypatch.setattr(overhead, "_tune_trials", no_tune)
     out = tmp_path / "bench"
-    assert main(["bench", "--model", PARAPHRASE, "--parts", "overhead,gpu", "--batch-size", "16", "--max-length",
+    assert main(["bench", "--model", tiny_bert, "--parts", "overhead,gpu", "--batch-size", "16", "--max-length",
                  "24", "--overhead-steps", "2", "--output-dir", str(out)]) == 1
     [js] = out.glob("*.json")
     r = json.loads(js.read_text())

@@ -147,6 +147,11 @@ def test_search_seeds_failures_final_phase_and_mlflow(ray_cluster, tiny_bert, tm
     assert summary["published"]["model"]["megabytes"] == pytest.approx(logged_mb / 2**20) and logged_mb > 0
     assert not (REPO / "mlflow.db").exists()  # nothing went to MLflow's default store in the current folder
 
+    # a second search (here its final phase alone) adds version 2; version 1 stays as it was
+    tune_experiment(cfg, quiet=True, final_only=True)
+    assert client.get_model_version("tiny", "1").run_id == best_final["mlflow_run_id"]
+    assert {str(v.version) for v in client.search_model_versions("name='tiny'")} == {"1", "2"}
+
 
 RESUME_SEARCH = """\
   algorithm: optuna
@@ -160,8 +165,10 @@ RESUME_SEARCH = """\
 """
 
 
-def interrupt_and_resume(ray_cluster, path: str, runs: Path, expected: int, trial_per_record: bool = False) -> dict:
-    """`raysent tune` Ctrl-C'd once its first trial is recorded, then `--resume`d; returns the summary.
+def interrupt_and_resume(ray_cluster, path: str, runs: Path, expected: int,
+                         trial_per_record: bool = False) -> tuple[dict, set[str]]:
+    """`raysent tune` Ctrl-C'd once its first trial is recorded, then `--resume`d; returns the summary and the
+    names of the run records written before the resume.
     ``trial_per_record``: each trial is one run record (no scheduler, one seed each), so the line that says how
     many trials had finished must count the records."""
     env = {**os.environ, "RAY_ADDRESS": ray_cluster}
@@ -172,7 +179,8 @@ def interrupt_and_resume(ray_cluster, path: str, runs: Path, expected: int, tria
         time.sleep(0.5)
     proc.send_signal(signal.SIGINT)  # Ctrl-C: Tune saves the search's state and stops
     _, err = proc.communicate(timeout=180)
-    before = len(list(runs.glob("search-*.json")))
+    recorded = {p.name for p in runs.glob("search-*.json")}
+    before = len(recorded)
     assert 1 <= before < expected, "the search was not interrupted midway"
     assert proc.returncode == 130 and "--resume" in err, err[-3000:]
     said = re.search(r"interrupted after (\d+) of (\d+) trial\(s\) finished \((?:\d+ failed, )?"
@@ -182,7 +190,7 @@ def interrupt_and_resume(ray_cluster, path: str, runs: Path, expected: int, tria
         assert (int(said[1]), int(said[2])) == (before, expected), said[0]
     assert not list(runs.glob("final-*.json"))  # an interrupted search is not summarised or followed
     done = run_cli(*cmd[3:], "--resume", "--format", "json", env=env, one_stream=True)
-    return json_summary_last(done.stdout, before="Trial status")
+    return json_summary_last(done.stdout, before="Trial status"), recorded
 
 
 def test_an_interrupted_search_resumes_with_no_trial_lost_or_repeated(ray_cluster, tiny_bert, tmp_path):
@@ -191,7 +199,7 @@ def test_an_interrupted_search_resumes_with_no_trial_lost_or_repeated(ray_cluste
     # point, not what it learns: the tiny random BERT
     path = experiment(tmp_path, "resumable", RESUME_SEARCH, "[1]", sts_sets="[stsb]", model=tiny_bert)
     runs = tmp_path / "results" / "resumable" / "runs"
-    summary = interrupt_and_resume(ray_cluster, path, runs, expected=4, trial_per_record=True)
+    summary, _ = interrupt_and_resume(ray_cluster, path, runs, expected=4, trial_per_record=True)
     records = [record(p) for p in runs.glob("search-*.json")]
     # 2 configurations x 2 seeds, each run exactly once
     assert len(records) == 4 and len({r["trial_id"] for r in records}) == 4
@@ -227,70 +235,21 @@ ASHA_SEARCH = """\
 """
 
 
-def test_trials_training_in_their_own_process_reuse_it_even_after_asha_stops_one(ray_cluster, tmp_path):
-    """`resources.workers: null` trials run one after another in one trial process (Tune's reuse_actors),
-    and a trial ASHA stopped mid-run hands that process on: no trial fails."""
-    from ray.tune import ExperimentAnalysis
-
-    from raysent.tune.driver import tune_experiment
-
-    path = experiment(tmp_path, "asha", ASHA_SEARCH, "[1]", sts_sets="[stsb]", max_steps=8)
-    cfg = load_config(path)
-    assert cfg.resources.workers is None
-    summary = tune_experiment(cfg, quiet=True, final_only=False).model_dump(mode="json")
-    exp = tmp_path / "results" / "asha"
-    [state] = list((exp / "tune").glob("search-*"))
-    trials = ExperimentAnalysis(str(state)).trials
-    assert len(trials) == 3 and {t.status for t in trials} == {"TERMINATED"}, [(t.status, t.error_file) for t in trials]
-    assert len({t.last_result["pid"] for t in trials}) == 1  # one process for all three
-    iterations = sorted(t.last_result["training_iteration"] for t in trials)
-    assert iterations[0] < iterations[-1], iterations  # ASHA stopped at least one trial early
-    assert summary["best"]["hp"]["lr"] == pytest.approx(1.0e-9) and not summary["best"]["failed"]
-
-    # the trials ASHA stopped are recorded too: their dev curve up to the stop, as Tune received it, in
-    # stopped/ and in MLflow (KILLED); runs/ keeps the finished ones
-    from mlflow.tracking import MlflowClient
-
-    stopped = [t for t in trials if "raysent_record" not in t.last_result]
-    finished = [t for t in trials if "raysent_record" in t.last_result]
-    assert stopped and finished
-    assert sorted(record(p)["trial_id"] for p in (exp / "runs").glob("search-*.json")) == \
-        sorted(t.trial_id for t in finished)
-    records = {r["trial_id"]: r for r in (record(p) for p in (exp / "stopped").glob("search-*.json"))}
-    assert sorted(records) == sorted(t.trial_id for t in stopped)
-    assert sorted(s["trial_id"] for s in summary["best"]["stopped"]) == sorted(records)
-    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'results' / 'mlflow.db'}")
-    for t in stopped:
-        rec = records[t.trial_id]
-        lines = (Path(t.path) / "result.json").read_text().splitlines()  # every result Tune received
-        reported = {r["step"]: r["dev_spearman"] for r in map(json.loads, lines) if "dev_spearman" in r}
-        assert [p["step"] for p in rec["dev_curve"]] == sorted(reported)
-        assert [p["dev_spearman"] for p in rec["dev_curve"]] == pytest.approx([reported[k] for k in sorted(reported)])
-        assert rec["stopped"]["at_step"] == t.last_result["step"] < 8 and rec["final_step"] == t.last_result["step"]
-        assert rec["best_dev_spearman"] == pytest.approx(max(p["dev_spearman"] for p in rec["dev_curve"]))
-        assert rec["hp"]["lr"] == pytest.approx(t.config["hp"]["lr"]) and rec["seed"] == 1
-        # its best model so far is kept, its checkpoint deleted (Tune does not resume a stopped trial)
-        best = Path(rec["best_model_dir"])
-        assert json.loads((best / "raysent.json").read_text())["dev_spearman"] == pytest.approx(rec["best_dev_spearman"])
-        assert not (best.parent / "checkpoint").exists()
-        run = client.get_run(rec["mlflow_run_id"])
-        assert run.info.status == "KILLED" and run.data.tags["stopped_by"] == "scheduler"
-        assert [m.step for m in client.get_metric_history(run.info.run_id, "dev_spearman")] == \
-            [p["step"] for p in rec["dev_curve"]]
-
-
 def test_asha_on_the_seed_mean_resumes_and_records_every_seed(ray_cluster, tmp_path):
     """ASHA with seeds: 2: a trial is a configuration training both seeds in turns and reporting their mean;
     Ctrl-C after the first configuration, then --resume. Every (configuration, seed) is recorded once, finished
     (runs/) or stopped with its configuration (stopped/, best model kept, checkpoint gone, MLflow KILLED); what
-    ASHA compared at each rung is the mean over the seeds of their best dev score so far."""
+    ASHA compared at each rung is the mean over the seeds of their best dev score so far. The trials train in
+    their own process (`resources.workers: null`), one after another in one process (Tune's reuse_actors), and
+    a trial ASHA stopped mid-run hands that process on: no trial fails."""
     from mlflow.tracking import MlflowClient
     from ray.tune import ExperimentAnalysis
 
     search = ASHA_SEARCH.replace("seeds: 1", "seeds: 2")
     path = experiment(tmp_path, "asha-seeds", search, "[1]", sts_sets="[stsb]", max_steps=8)
+    assert load_config(path).resources.workers is None
     exp = tmp_path / "results" / "asha-seeds"
-    summary = interrupt_and_resume(ray_cluster, path, exp / "runs", expected=6)
+    summary, recorded = interrupt_and_resume(ray_cluster, path, exp / "runs", expected=6)
     finished = [record(p) for p in (exp / "runs").glob("search-*.json")]
     stopped = [record(p) for p in (exp / "stopped").glob("search-*.json")]
     assert stopped and len(finished) + len(stopped) == 6
@@ -310,6 +269,15 @@ def test_asha_on_the_seed_mean_resumes_and_records_every_seed(ray_cluster, tmp_p
     [state] = list((exp / "tune").glob("search-*"))
     tune_trials = {t.trial_id: t for t in ExperimentAnalysis(str(state)).trials}
     assert sorted(tune_trials) == sorted(trials) and all(" · seeds 1,43" in str(t) for t in tune_trials.values())
+    assert {t.status for t in tune_trials.values()} == {"TERMINATED"}, \
+        [(t.status, t.error_file) for t in tune_trials.values()]
+    # the trials the resumed search ran, a stopped one among them, ran in one process, one after another
+    from raysent.train.records import RunRecord
+
+    resumed = [tid for tid, recs in trials.items()
+               if not {RunRecord.model_validate(r).filename for r in recs} & recorded]
+    assert len(resumed) >= 2 and len({tune_trials[tid].last_result["pid"] for tid in resumed}) == 1, resumed
+    assert any(tid in {r["trial_id"] for r in stopped} for tid in resumed)
     for tid, recs in trials.items():
         lines = (Path(tune_trials[tid].path) / "result.json").read_text().splitlines()
         rungs = {r["step"]: r for r in map(json.loads, lines) if not r.get("finished")}
@@ -322,6 +290,7 @@ def test_asha_on_the_seed_mean_resumes_and_records_every_seed(ray_cluster, tmp_p
     for rec in finished + stopped:
         run = client.get_run(rec["mlflow_run_id"])
         assert run.info.status == ("KILLED" if rec.get("stopped") else "FINISHED")
+        assert run.data.tags.get("stopped_by") == ("scheduler" if rec.get("stopped") else None)
         assert run.info.run_name.endswith(f"· seed {rec['seed']}")
         assert [m.step for m in client.get_metric_history(run.info.run_id, "dev_spearman")] == \
             [p["step"] for p in rec["dev_curve"]]
@@ -416,7 +385,3 @@ def test_warm_start_tries_the_papers_setting_first_and_compares_the_best_with_it
     card = (Path(finals_best["best_model_dir"]) / "README.md").read_text()
     assert "arXiv:2104.08821" in card and "Transductive**: yes" in card and "— searched best" in card
 
-    # a second search adds version 2; version 1 stays as it was
-    tune_experiment(cfg, quiet=True, final_only=True)
-    assert client.get_model_version("warm", "1").run_id == version.run_id
-    assert {str(v.version) for v in client.search_model_versions("name='warm'")} == {"1", "2"}
