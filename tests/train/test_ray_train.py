@@ -269,8 +269,7 @@ def test_a_dying_worker_is_replaced_and_the_run_resumes_exactly(ray_cluster, tin
     base = load_config(tmp_path / "exp.yaml")
     uninterrupted = train_with_ray(with_overrides(base, {"train.output_dir": str(tmp_path / "whole")}), quiet=True)
     assert len({c["dev_spearman"] for c in uninterrupted.dev_curve}) == 3  # the dev score moves at every eval
-    tmp = tmp_path
-    cfg = with_overrides(base, {"train.output_dir": str(tmp / "crash")})
+    cfg = with_overrides(base, {"train.output_dir": str(tmp_path / "crash")})
 
     def controllers() -> set:
         # this session's Ray, from its GCS through this process's connection (with another Ray on the machine,
@@ -292,7 +291,7 @@ def test_a_dying_worker_is_replaced_and_the_run_resumes_exactly(ray_cluster, tin
     assert uninterrupted.resumed_at_step is uninterrupted.resumed_from is None
     # read where Ray keeps it in the run's folder (a copy per worker and restart would be a model and its
     # optimizer state of disk each, left behind by a worker that dies)
-    ray_run = tmp / "crash" / "ray" / "run"
+    ray_run = tmp_path / "crash" / "ray" / "run"
     assert Path(summary.resumed_from).is_relative_to(ray_run) and not list(ray_run.rglob(".restore-*"))
     assert summary.final_step == uninterrupted.final_step == 20
     assert summary.best_dev_spearman == pytest.approx(uninterrupted.best_dev_spearman, abs=1e-9)
@@ -309,18 +308,18 @@ def test_a_dying_worker_is_replaced_and_the_run_resumes_exactly(ray_cluster, tin
     assert again.resumed_from == summary.ray["checkpoint"]
     assert first_final.read_text() == before  # the checkpoint it was read from is left as it was
     assert again.best_dev_spearman == pytest.approx(summary.best_dev_spearman, abs=1e-9)
-    assert (tmp / "crash" / "best" / "config.json").is_file()
+    assert (tmp_path / "crash" / "best" / "config.json").is_file()
 
     # what a search does with a trial the scheduler stopped: its best model out of its newest checkpoint, then
     # (as with every finished trial) the checkpoints deleted; nothing left to take after that
     from raysent.train.ray_train import delete_checkpoints, take_best_model_of_run
 
-    shutil.rmtree(tmp / "crash" / "best")
+    shutil.rmtree(tmp_path / "crash" / "best")
     assert take_best_model_of_run(cfg)
-    kept = json.loads((tmp / "crash" / "best" / "raysent.json").read_text())
+    kept = json.loads((tmp_path / "crash" / "best" / "raysent.json").read_text())
     assert kept["dev_spearman"] == pytest.approx(again.best_dev_spearman, abs=1e-9)
     delete_checkpoints(cfg)
-    assert not (tmp / "crash" / "ray").exists() and (tmp / "crash" / "best" / "model.safetensors").is_file()
+    assert not (tmp_path / "crash" / "ray").exists() and (tmp_path / "crash" / "best" / "model.safetensors").is_file()
     assert not take_best_model_of_run(cfg)
 
 

@@ -384,4 +384,3 @@ def test_warm_start_tries_the_papers_setting_first_and_compares_the_best_with_it
     assert version.tags["transductive"] == "true"
     card = (Path(finals_best["best_model_dir"]) / "README.md").read_text()
     assert "arXiv:2104.08821" in card and "Transductive**: yes" in card and "— searched best" in card
-
