@@ -25,7 +25,6 @@ SEARCH = """\
   algorithm: grid
   warm_start: none
   seeds: 1
-  max_concurrent_trials: 2
   space:
     lr: {type: choice, values: [1.0e-4, 3.0e-4]}
 """

@@ -170,7 +170,6 @@ set:
   seeds: [1, 2]
   search.num_samples: 2
   search.seeds: 1
-  search.max_concurrent_trials: 2
   resources.workers: null
   resources.cpus_per_worker: 1
   tracking.results_dir: {results}

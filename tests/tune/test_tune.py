@@ -37,7 +37,6 @@ SEARCH = """\
   seed: 2            # Optuna's first three suggestions: two good configurations, then temperature 1e-45
   num_samples: 3
   seeds: 2
-  max_concurrent_trials: 2
   space:
     temperature: {type: choice, values: [0.05, 1.0e-45]}   # 1e-45: cos/τ overflows, the loss is NaN
     lr: {type: loguniform, low: 1.0e-5, high: 1.0e-4}
@@ -301,7 +300,6 @@ def test_asha_on_the_seed_mean_resumes_and_records_every_seed(ray_cluster, tmp_p
 WARM_SEARCH = """\
   algorithm: grid
   seeds: 1
-  max_concurrent_trials: 2
   space:
     lr: {type: choice, values: [1.0e-9, 3.0e-4]}   # the file's (the paper's) lr 1e-4 is not a grid point
 """
