@@ -18,7 +18,7 @@ lint:
 typecheck:  ## the whole torch-only core (pyproject.toml, [tool.mypy]; tests/test_layers.py lists it)
 	mypy
 
-test:  ## the fast tier: trains nothing, imports no Ray (tests/conftest.py fails a test that does); ~62 s on 2 cores
+test:  ## the fast tier: trains nothing, imports no Ray (tests/conftest.py fails a test that does); ~64 s on 2 cores
 	python -m pytest -q -m "not slow" tests
 
 test-all:  ## the whole suite, as CI runs it (.ci/run); ~17 min on 2 cores (docs/testing.md)

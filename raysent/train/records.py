@@ -243,11 +243,10 @@ def _portable_data(obj: Any) -> Any:
         roots = {os.path.normpath(root), os.path.normpath(os.path.realpath(root))}
         parts = []
         for piece in obj.split(" + "):
-            norm = os.path.normpath(piece) if piece.startswith("/") else piece
-            for r in roots:
-                if norm.startswith(r + os.sep):
-                    piece = "$RAYSENT_DATA_DIR/" + norm[len(r) + 1:]
-                    break
+            # as written, and through the links of this machine (a data folder reached by a symbolic link)
+            names = (os.path.normpath(piece), os.path.realpath(piece)) if piece.startswith("/") else (piece,)
+            piece = next(("$RAYSENT_DATA_DIR/" + n[len(r) + 1:] for n in names for r in roots
+                          if n.startswith(r + os.sep)), piece)
             parts.append(piece)
         return " + ".join(parts)
     return obj

@@ -84,6 +84,22 @@ def test_an_old_record_is_migrated_when_read(tmp_path):
         assert read_run(p).hp == data["hp"]
 
 
+def test_a_data_file_written_through_a_link_is_migrated_as_data(tmp_path, monkeypatch):
+    """A version-1 record that named its data files through a symbolic link to the data folder (a clone whose
+    ../shared is a link, say) reads them as $RAYSENT_DATA_DIR/<path> too, however RAYSENT_DATA_DIR names it."""
+    data_dir, link = tmp_path / "data", tmp_path / "link"
+    (data_dir / "sts").mkdir(parents=True)
+    link.symlink_to(data_dir)
+    old = {**_committed(), "schema_version": 1,
+           "eval": {"details": {"sts": {"sources": {"stsb": f"{link}/sts/test.tsv + {data_dir}/sts/dev.tsv",
+                                                    "other": "/elsewhere/sts/test.tsv"}}}}}
+    for named in (data_dir, link):
+        monkeypatch.setenv("RAYSENT_DATA_DIR", str(named))
+        sources = read_record(_write(tmp_path, old)).eval["details"]["sts"]["sources"]
+        assert sources == {"stsb": "$RAYSENT_DATA_DIR/sts/test.tsv + $RAYSENT_DATA_DIR/sts/dev.tsv",
+                           "other": "/elsewhere/sts/test.tsv"}
+
+
 def test_a_foreign_or_newer_record_is_refused(tmp_path):
     with pytest.raises(RaysentError, match="not a raysent run record"):
         read_record(_write(tmp_path, {"run": 1, "accuracy": 0.5}))
