@@ -8,8 +8,8 @@ import sys
 from raysent.cli.common import EPILOG, split_list
 from raysent.errors import RaysentError
 
-# Lazy imports: sentence_transformers, raysent's heavier modules (the command's work is imported when it runs, so
-# `raysent --help` and every other command start without torch, Ray or MLflow).
+# Lazy imports: raysent's heavier modules (the command's work is imported when it runs, so `raysent --help` and
+# every other command start without torch, Ray or MLflow); sentence-transformers only where a part runs it.
 
 
 def register(sub) -> None:
@@ -64,13 +64,10 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    import importlib.util
+
     from raysent.bench import BenchOptions, format_markdown, run_bench, write_results
 
-    try:
-        import sentence_transformers  # noqa: F401
-    except ImportError:
-        raise RaysentError("raysent bench compares with sentence-transformers, which is not installed: "
-                           "pip install -e '.[bench]'") from None
     opts = BenchOptions(model=args.model, batch_size=args.batch_size, max_length=args.max_length, steps=args.steps,
                         warmup=args.warmup, parts=split_list([args.parts]), methods=split_list([args.methods]),
                         overhead_steps=args.overhead_steps, overhead_trials=args.overhead_trials,
@@ -78,6 +75,10 @@ def run(args) -> int:
                         eval_sets=split_list([args.eval_sets]), speedups=split_list([args.speedups]),
                         threads=args.threads, output_dir=args.output_dir, peak_tflops=args.peak_tflops,
                         grad_cache_rows=args.grad_cache_rows, grad_cache_batch=args.grad_cache_batch)
+    opts.check()  # a bad option is named at once, not after importing sentence-transformers (~6 CPU-s)
+    if importlib.util.find_spec("sentence_transformers") is None:
+        raise RaysentError("raysent bench compares with sentence-transformers, which is not installed: "
+                           "pip install -e '.[bench]'")
     result = run_bench(opts, say=lambda m: print(m, file=sys.stderr, flush=True))
     json_path, md_path = write_results(result, opts.output_dir)
     print(format_markdown(result))

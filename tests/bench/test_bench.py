@@ -190,6 +190,19 @@ def test_bench_options_are_checked():
     assert proc.returncode == 2 and "allowed: training, speedups, evaluation, overhead, gpu" in proc.stderr
 
 
+def test_bench_without_sentence_transformers_says_what_to_install(monkeypatch, capsys, tmp_path):
+    import importlib.util
+
+    from raysent.cli import main
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "sentence_transformers" else find_spec(name, *a))
+    assert main(["bench", "--parts", "evaluation", "--output-dir", str(tmp_path / "bench")]) == 2
+    assert "sentence-transformers, which is not installed: pip install -e '.[bench]'" in capsys.readouterr().err
+    assert not (tmp_path / "bench").exists()  # stopped before measuring anything
+
+
 @pytest.mark.parametrize("name,peak", [("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H100 PCIe", 756.0),
                                        ("NVIDIA H100 NVL", 835.0), ("NVIDIA H200", 989.0),
                                        ("NVIDIA A100-SXM4-80GB", 312.0), ("NVIDIA L40S", 362.0), ("NVIDIA L40", 181.0),
