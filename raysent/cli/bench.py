@@ -75,7 +75,7 @@ def run(args) -> int:
                         eval_sets=split_list([args.eval_sets]), speedups=split_list([args.speedups]),
                         threads=args.threads, output_dir=args.output_dir, peak_tflops=args.peak_tflops,
                         grad_cache_rows=args.grad_cache_rows, grad_cache_batch=args.grad_cache_batch)
-    opts.check()  # a bad option is named at once, not after importing sentence-transformers (~6 CPU-s)
+    # looked up, not imported (~6 CPU-s): run_bench names a bad option first thing
     if importlib.util.find_spec("sentence_transformers") is None:
         raise RaysentError("raysent bench compares with sentence-transformers, which is not installed: "
                            "pip install -e '.[bench]'")
