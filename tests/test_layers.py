@@ -16,7 +16,7 @@ PACKAGE = REPO / "raysent"
 
 # the core; every other module of raysent is orchestration
 CORE = ("raysent.errors", "raysent.config", "raysent.data", "raysent.models", "raysent.methods", "raysent.eval",
-        "raysent.train.loop", "raysent.train.run", "raysent.train.gather", "raysent.train.memory",
+        "raysent.train.loop", "raysent.train.run", "raysent.train.device", "raysent.train.gather", "raysent.train.memory",
         "raysent.train.records", "raysent.io", "raysent.reference")
 ORCHESTRATION_LIBRARIES = ("ray", "mlflow", "optuna")
 

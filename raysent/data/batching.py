@@ -15,7 +15,14 @@ import torch
 
 
 class TokenizedData:
-    """Per-field token ids (no padding) and per-example extras; ``collate`` pads a batch."""
+    """Per-field token ids (no padding) and per-example extras; ``collate`` pads a batch.
+
+    The texts are tokenized once, here, before training. The ids of each field are also kept as one flat array
+    with offsets, so :meth:`collate` builds a padded batch with a few array operations, not a Python loop over
+    its rows (the host prepares a batch in well under a millisecond while the device trains on the last one).
+    ``pad_widths`` (set by the loop under ``train.compile``): pad every batch to the smallest of these widths
+    that holds its longest row, so a compiled graph is reused across batches.
+    """
 
     def __init__(self, fields: dict[str, list[str]], tokenizer, max_length: int,
                  extras: dict[str, Any] | None = None):
@@ -23,12 +30,21 @@ class TokenizedData:
         if len(set(sizes.values())) != 1:
             raise ValueError(f"fields of different lengths: {sizes}")
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self.max_length = max_length
         self.ids: dict[str, list[list[int]]] = {
             k: tokenizer(list(texts), truncation=True, max_length=max_length, add_special_tokens=True)["input_ids"]
             for k, texts in fields.items()
         }
         self.extras = {k: np.asarray(v) for k, v in (extras or {}).items()}
         self.n = next(iter(sizes.values()))
+        self.pad_widths: tuple[int, ...] | None = None
+        self._flat: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        for k, seqs in self.ids.items():
+            lens = np.fromiter((len(x) for x in seqs), dtype=np.int64, count=len(seqs))
+            starts = np.zeros(len(seqs), dtype=np.int64)
+            np.cumsum(lens[:-1], out=starts[1:])
+            flat = np.fromiter((t for x in seqs for t in x), dtype=np.int64, count=int(lens.sum()))
+            self._flat[k] = (flat, starts, lens)
 
     def __len__(self) -> int:
         return self.n
@@ -36,10 +52,16 @@ class TokenizedData:
     def lengths(self, field: str | None = None) -> np.ndarray:
         """Token count of each example (the longest of its fields)."""
         keys = [field] if field else list(self.ids)
-        return np.max([[len(x) for x in self.ids[k]] for k in keys], axis=0)
+        return np.max([self._flat[k][2] for k in keys], axis=0)
+
+    def width(self, longest: int) -> int:
+        """The width a batch whose longest row has ``longest`` tokens is padded to."""
+        if self.pad_widths is None:
+            return longest
+        return next((w for w in self.pad_widths if w >= longest), longest)
 
     def pad(self, seqs: list[list[int]]) -> dict[str, torch.Tensor]:
-        width = max(len(s) for s in seqs)
+        width = self.width(max(len(s) for s in seqs))
         ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(seqs), width), dtype=torch.long)
         for i, s in enumerate(seqs):
@@ -47,12 +69,23 @@ class TokenizedData:
             mask[i, : len(s)] = 1
         return {"input_ids": ids, "attention_mask": mask}
 
+    def _pad_rows(self, field: str, idx: np.ndarray) -> dict[str, torch.Tensor]:
+        flat, starts, lens = self._flat[field]
+        rows = lens[idx]
+        width = self.width(int(rows.max()))
+        cols = np.arange(width)
+        real = cols[None, :] < rows[:, None]
+        at = starts[idx][:, None] + np.minimum(cols[None, :], np.maximum(rows[:, None] - 1, 0))
+        ids = np.where(real, flat[np.minimum(at, max(len(flat) - 1, 0))] if len(flat) else 0, self.pad_id)
+        return {"input_ids": torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64)),
+                "attention_mask": torch.from_numpy(real.astype(np.int64))}
+
     def collate(self, indices) -> dict:
-        """{field: {input_ids, attention_mask}} padded to the batch's longest, extras as tensors, and
-        ``index``: the examples' positions in the data (what a per-sentence cache is keyed by)."""
-        idx = [int(i) for i in indices]
-        batch: dict[str, Any] = {k: self.pad([v[i] for i in idx]) for k, v in self.ids.items()}
-        batch["index"] = torch.as_tensor(idx, dtype=torch.long)
+        """{field: {input_ids, attention_mask}} padded to the batch's longest (or to ``pad_widths``), extras as
+        tensors, and ``index``: the examples' positions in the data (what a per-sentence cache is keyed by)."""
+        idx = np.asarray(indices, dtype=np.int64)
+        batch: dict[str, Any] = {k: self._pad_rows(k, idx) for k in self.ids}
+        batch["index"] = torch.from_numpy(idx.copy())
         for k, arr in self.extras.items():
             batch[k] = torch.as_tensor(arr[idx])
         return batch

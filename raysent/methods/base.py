@@ -71,8 +71,11 @@ class Speedups:
 
 @dataclass
 class LossOutput:
+    """A step's loss and the parts a method reports beside it (each a detached tensor on the device: reading one
+    as a number would make the host wait on the device, so nothing reads them inside a step)."""
+
     loss: torch.Tensor
-    metrics: dict[str, float] = field(default_factory=dict)
+    metrics: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def nli_fields(data):

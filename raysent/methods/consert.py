@@ -59,7 +59,7 @@ from raysent.methods.base import (
     concat_batches,
     nli_fields,
 )
-from raysent.methods.consert_views import AUGMENTATIONS, embedding_views, fgv_noise, shuffle_positions
+from raysent.methods.consert_views import AUGMENTATIONS, embedding_views, fgv_noise, shuffle_positions, view_runs
 from raysent.methods.losses import nt_xent
 from raysent.methods.papers import CONSERT
 from raysent.models.heads import PairClassifier
@@ -209,10 +209,9 @@ class ConSERT(Method):
         mask = tok["attention_mask"]
         position_ids = None
         if "shuffle" in row_views:
-            shuffled = shuffle_positions(mask)
             plain = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
-            is_shuffle = torch.tensor([v == "shuffle" for v in row_views], device=mask.device)[:, None]
-            position_ids = torch.where(is_shuffle, shuffled, plain)
+            position_ids = torch.cat([shuffle_positions(mask[a:b]) if v == "shuffle" else plain[a:b]
+                                      for a, b, v in view_runs(row_views)])
         # the views act per row inside the encoder: one piece, no length buckets
         with self.encoder.whole_batch(), embedding_views(self.encoder.embeddings, row_views, mask,
                                                          self.params.rates(), noise=noise, capture=capture):
@@ -245,4 +244,4 @@ class ConSERT(Method):
         off = g.offset(n)
         con = nt_xent(r1[:n], r2[:n], tau, gather=g, offset=off) + nt_xent(r1[n:], r2[n:], tau, gather=g, offset=off)
         loss = ce + self.params.con_weight * con
-        return LossOutput(loss, {"loss_ce": float(ce.detach()), "loss_con": float(con.detach())})
+        return LossOutput(loss, {"loss_ce": ce.detach(), "loss_con": con.detach()})

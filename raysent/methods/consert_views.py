@@ -13,7 +13,9 @@ Views are made at the token-embedding layer: on the output of the encoder's embe
 * ``adversarial``: FGV (Rozsa et al. 2016): e + ε·g/‖g‖₂ with g the gradient of the supervised loss
   with respect to the embedding output, normalised per token (only with supervision).
 
-Each function draws from torch's global RNG, so views are seeded with the run.
+Each function draws from torch's global RNG, so views are seeded with the run. Every row's random choice is drawn
+at once, on the device (random keys ranked per row): no loop over rows and no host sync in a step (before
+2026-11-27 a loop drew ``randperm`` per row: the same distributions, other draws).
 """
 
 from __future__ import annotations
@@ -27,46 +29,58 @@ from torch import nn
 AUGMENTATIONS = ("none", "shuffle", "token_cutoff", "feature_cutoff", "dropout", "adversarial")
 
 
+def _ranks(keys: torch.Tensor) -> torch.Tensor:
+    """The rank of each key in its row (0: the smallest): with uniform random keys, each row's ranks are a uniform
+    random permutation, drawn for every row at once on the device (no loop over rows, no host sync)."""
+    order = keys.argsort(dim=1)
+    ranks = torch.empty_like(order)
+    return ranks.scatter_(1, order, torch.arange(keys.shape[1], device=keys.device).expand_as(order))
+
+
+def _floor_count(real: torch.Tensor, rate: float) -> torch.Tensor:
+    """⌊real·rate⌋ per row, computed in float64 as Python's ``int(n * rate)`` is."""
+    return (real.to(torch.float64) * rate).floor().to(torch.long)
+
+
 def shuffle_positions(attention_mask: torch.Tensor) -> torch.Tensor:
-    """[B, T] position ids: a random permutation of 0..n-1 over each row's n real tokens."""
-    b, t = attention_mask.shape
-    pos = torch.arange(t, device=attention_mask.device).repeat(b, 1)
-    for i, n in enumerate(attention_mask.sum(1).tolist()):
-        pos[i, :n] = torch.randperm(n, device=attention_mask.device)
-    return pos
+    """[B, T] position ids: a random permutation of 0..n-1 over each row's n real tokens (padding last, in order)."""
+    keys = torch.rand(attention_mask.shape, device=attention_mask.device).masked_fill(attention_mask == 0, 2.0)
+    return keys.argsort(dim=1, stable=True)  # the real tokens (keys < 1) first, in random order
 
 
 def token_cutoff(emb: torch.Tensor, attention_mask: torch.Tensor, rate: float) -> torch.Tensor:
     """Zero ⌊n·rate⌋ randomly chosen real-token rows of each sentence (attention mask unchanged)."""
-    keep = torch.ones(emb.shape[:2], dtype=emb.dtype, device=emb.device)
-    for i, n in enumerate(attention_mask.sum(1).tolist()):
-        k = int(n * rate)
-        if k:
-            keep[i, torch.randperm(n, device=emb.device)[:k]] = 0
-    return emb * keep[:, :, None]
+    keys = torch.rand(emb.shape[:2], device=emb.device).masked_fill(attention_mask == 0, 2.0)  # padding ranks last
+    cut = _ranks(keys) < _floor_count(attention_mask.sum(1), rate)[:, None]
+    return emb * (~cut).to(emb.dtype)[:, :, None]
 
 
 def feature_cutoff(emb: torch.Tensor, rate: float) -> torch.Tensor:
     """Zero ⌊d·rate⌋ randomly chosen hidden dimensions of each sentence, at every position."""
     b, _, d = emb.shape
-    k = int(d * rate)
-    keep = torch.ones((b, d), dtype=emb.dtype, device=emb.device)
-    for i in range(b):
-        if k:
-            keep[i, torch.randperm(d, device=emb.device)[:k]] = 0
-    return emb * keep[:, None, :]
+    cut = _ranks(torch.rand((b, d), device=emb.device)) < int(d * rate)
+    return emb * (~cut).to(emb.dtype)[:, None, :]
 
 
 def embedding_dropout(emb: torch.Tensor, attention_mask: torch.Tensor, rate: float) -> torch.Tensor:
     """Zero ⌊n·d·rate⌋ randomly chosen elements among each sentence's real-token rows (no rescaling)."""
-    _, t, d = emb.shape
-    keep = torch.ones(emb.shape, dtype=emb.dtype, device=emb.device)
-    for i, n in enumerate(attention_mask.sum(1).tolist()):
-        k = int(n * d * rate)
-        if k:
-            flat = torch.randperm(n * d, device=emb.device)[:k]
-            keep[i].view(-1)[flat] = 0  # the first n rows are the real tokens (right padding)
-    return emb * keep
+    b, t, d = emb.shape
+    padding = (attention_mask == 0)[:, :, None].expand(b, t, d).reshape(b, t * d)
+    keys = torch.rand((b, t * d), device=emb.device).masked_fill(padding, 2.0)
+    cut = _ranks(keys) < _floor_count(attention_mask.sum(1) * d, rate)[:, None]
+    return emb * (~cut).to(emb.dtype).view(b, t, d)
+
+
+def view_runs(row_views: Sequence[str]) -> list[tuple[int, int, str]]:
+    """``row_views`` as runs of equal views, ``(start, stop, view)``: a batch's views come in blocks (the first
+    view's rows, then the second's), so each block is augmented as one slice."""
+    runs: list[tuple[int, int, str]] = []
+    for i, v in enumerate(row_views):
+        if runs and runs[-1][2] == v:
+            runs[-1] = (runs[-1][0], i + 1, v)
+        else:
+            runs.append((i, i + 1, v))
+    return runs
 
 
 def fgv_noise(grad: torch.Tensor, epsilon: float) -> torch.Tensor:
@@ -83,15 +97,17 @@ def embedding_views(embeddings: nn.Module, row_views: Sequence[str], attention_m
     ``noise`` [B, T, d] is added to the ``adversarial`` rows. ``capture`` receives the (augmented)
     embedding output, e.g. to take the gradient of a loss with respect to it.
     """
-    views = list(row_views)
+    runs = view_runs(row_views)
+    for _, _, name in runs:
+        if name not in AUGMENTATIONS:
+            raise ValueError(f"unknown augmentation {name!r}; allowed: {', '.join(AUGMENTATIONS)}")
+        if name == "adversarial" and noise is None:
+            raise ValueError("the adversarial view needs the supervised loss's gradient")
 
     def hook(module, args, output):
-        out = output
-        for name in set(views):
-            rows = torch.tensor([i for i, v in enumerate(views) if v == name], device=out.device)
-            if name in ("none", "shuffle"):
-                continue
-            part, mask = out[rows], attention_mask[rows]
+        parts = []
+        for start, stop, name in runs:  # slices of the batch: no index tensor built on the host
+            part, mask = output[start:stop], attention_mask[start:stop]
             if name == "token_cutoff":
                 part = token_cutoff(part, mask, rates["token_cutoff"])
             elif name == "feature_cutoff":
@@ -99,12 +115,10 @@ def embedding_views(embeddings: nn.Module, row_views: Sequence[str], attention_m
             elif name == "dropout":
                 part = embedding_dropout(part, mask, rates["dropout"])
             elif name == "adversarial":
-                if noise is None:
-                    raise ValueError("the adversarial view needs the supervised loss's gradient")
-                part = part + noise[rows].detach()
-            else:
-                raise ValueError(f"unknown augmentation {name!r}; allowed: {', '.join(AUGMENTATIONS)}")
-            out = out.index_copy(0, rows, part)
+                assert noise is not None
+                part = part + noise[start:stop].detach()
+            parts.append(part)  # none, shuffle (the caller's position ids): as it is
+        out = parts[0] if len(parts) == 1 else torch.cat(parts)
         if capture is not None:
             capture.append(out)
         return out

@@ -47,7 +47,7 @@ from pydantic import Field, model_validator
 from torch.nn import functional as F
 
 from raysent.methods.base import LossOutput, Method, MethodParams
-from raysent.methods.losses import cosine_matrix, nt_xent
+from raysent.methods.losses import column_mask, cosine_matrix, nt_xent
 from raysent.methods.papers import SELF_GUIDED
 from raysent.models.chunked import hidden_states
 from raysent.models.heads import ProjectionHead
@@ -95,7 +95,7 @@ def loss_opt1(fc, fh, temperature: float, gather=None, offset: int = 0) -> torch
     big_b = all_c.shape[0]
     logits = cosine_matrix(fc, torch.cat([all_c, all_h], dim=0)) / temperature
     local = torch.arange(n, device=fc.device) + offset
-    logits = logits.masked_fill(F.one_hot(local, 2 * big_b).bool(), float("-inf"))  # no φ(c_i, c_i)
+    logits = logits.masked_fill(column_mask(local, 2 * big_b), float("-inf"))  # no φ(c_i, c_i)
     return F.cross_entropy(logits, local + big_b)
 
 
@@ -116,12 +116,21 @@ def loss_opt3(fc: torch.Tensor, fh_layers: torch.Tensor, temperature: float, gat
     s = (cosine_matrix(fc, all_h.reshape(big_b * n_layers, w)) / temperature).view(n, big_b, n_layers)
     own = torch.arange(n, device=fc.device) + offset
     pos = s[torch.arange(n, device=fc.device), own]  # [n, l+1]: φ(c_i, h_{i,k})
-    others = s.masked_fill(F.one_hot(own, big_b).bool()[:, :, None], float("-inf")).reshape(n, -1)
+    others = s.masked_fill(column_mask(own, big_b)[:, :, None], float("-inf")).reshape(n, -1)
     neg_lse = torch.logsumexp(others, dim=1, keepdim=True)  # log Σ_{m≠i} Σ_n φ(c_i, h_{m,n})
     return (torch.logaddexp(pos, neg_lse) - pos).mean()
 
 
 LOSSES = {"base": loss_base, "opt1": loss_opt1, "opt2": loss_opt2}
+
+
+def lookup_rows(cache: torch.Tensor, index: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``cache[index]`` (a host tensor, host positions) on ``device``: through pinned memory and a non-blocking copy
+    on CUDA, so the host does not wait for the device to finish the steps before."""
+    rows = cache[index if index.device.type == "cpu" else index.to("cpu")]
+    if device.type == "cuda":
+        return rows.pin_memory().to(device, non_blocking=True)
+    return rows.to(device)
 
 
 def l2_regularizer(tuned: torch.nn.Module, frozen: torch.nn.Module) -> torch.Tensor:
@@ -241,8 +250,10 @@ class SelfGuided(Method):
         tok = batch["text"]
         n = tok["input_ids"].shape[0]
         if self._view_cache is not None and "index" in batch:
-            # [n, l+1, d], computed once (prepare)
-            h = self._view_cache[batch["index"].cpu()].to(tok["input_ids"].device)
+            # [n, l+1, d], computed once (prepare) and kept in host memory; the batch's positions stay on the host
+            # (raysent.train.loop.HOST_FIELDS), so the lookup never waits on the device, and the rows go to it
+            # from pinned memory without blocking
+            h = lookup_rows(self._view_cache, batch["index"], tok["input_ids"].device)
         else:
             h = self.views(tok)  # [n, l+1, d]
         c = self.encoder(**tok)[-1][:, 0]  # BERT_T's last-layer [CLS]
@@ -255,7 +266,7 @@ class SelfGuided(Method):
             fh1 = fh[torch.arange(n, device=fh.device), pick]
             con = LOSSES[p.loss](fc, fh1, p.temperature, gather=g, offset=g.offset(n))
         reg = l2_regularizer(self.encoder.model, self.frozen)
-        return LossOutput(con + p.reg_lambda * reg, {"loss_con": float(con.detach()), "loss_reg": float(reg.detach())})
+        return LossOutput(con + p.reg_lambda * reg, {"loss_con": con.detach(), "loss_reg": reg.detach()})
 
 
 class SelfGuidedOpt(SelfGuided):

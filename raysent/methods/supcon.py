@@ -54,32 +54,43 @@ class SupConParams(SBERTNLIParams):
     scl_normalize: bool = Field(False, description="cosine instead of the paper's dot product")
 
 
+def random_subset(members: torch.Tensor, cap: int) -> torch.Tensor:
+    """Per row of the boolean ``members`` [a, m], a uniform random subset of at most ``cap`` of its True entries
+    (all of them where there are no more than ``cap``): random keys ranked within the row, drawn for every row
+    at once on the device."""
+    keys = torch.rand(members.shape, device=members.device).masked_fill(~members, 2.0)  # non-members rank last
+    order = keys.argsort(dim=1)
+    ranks = torch.empty_like(order).scatter_(1, order, torch.arange(members.shape[1], device=members.device)
+                                             .expand_as(order))
+    return members & (ranks < cap)
+
+
 def scl_loss(anchors: torch.Tensor, anchor_groups: torch.Tensor, cands: torch.Tensor, cand_groups: torch.Tensor,
              cand_labels: torch.Tensor, temperature: float, pos_cap="all", neg_cap="all",
-             normalize: bool = False) -> tuple[torch.Tensor, int]:
-    """Sum of L_SCL over ``anchors`` [a, d] against the candidates [m, d]; returns (sum, anchors used).
+             normalize: bool = False, anchor_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sum of L_SCL over ``anchors`` [a, d] against the candidates [m, d]; returns (sum, anchors used), both
+    tensors on the device (every anchor at once: no loop over rows, no host sync).
 
     Candidate k is a positive of anchor i iff ``cand_groups[k] == anchor_groups[i]`` and its label is
-    entailment; every other candidate is a negative.
+    entailment; every other candidate is a negative. An anchor without a positive, or outside ``anchor_mask``
+    (when given), adds nothing.
     """
     logits = (cosine_matrix if normalize else dot_matrix)(anchors, cands) / temperature  # [a, m]
     same = anchor_groups[:, None] == cand_groups[None, :]
     pos = same & (cand_labels[None, :] == ENTAILMENT)
     neg = ~pos
-    total, used = logits.new_zeros(()), 0
-    for i in range(anchors.shape[0]):
-        p_idx, n_idx = pos[i].nonzero().flatten(), neg[i].nonzero().flatten()
-        if len(p_idx) == 0:
-            continue
-        if pos_cap != "all" and len(p_idx) > pos_cap:
-            p_idx = p_idx[torch.randperm(len(p_idx), device=p_idx.device)[:pos_cap]]
-        if neg_cap != "all" and len(n_idx) > neg_cap:
-            n_idx = n_idx[torch.randperm(len(n_idx), device=n_idx.device)[:neg_cap]]
-        row = logits[i, torch.cat([p_idx, n_idx])]
-        log_prob = row - torch.logsumexp(row, dim=0)
-        total = total - log_prob[: len(p_idx)].mean()
-        used += 1
-    return total, used
+    if pos_cap != "all":
+        pos = random_subset(pos, int(pos_cap))
+    if neg_cap != "all":
+        neg = random_subset(neg, int(neg_cap))
+    # log e^{s_ij} / Σ_{k ∈ P(i) ∪ N(i)} e^{s_ik}, then the mean over j ∈ P(i)
+    log_prob = logits - torch.logsumexp(logits.masked_fill(~(pos | neg), float("-inf")), dim=1, keepdim=True)
+    n_pos = pos.sum(dim=1)
+    per_anchor = -log_prob.masked_fill(~pos, 0.0).sum(dim=1) / n_pos.clamp(min=1)
+    used = n_pos > 0
+    if anchor_mask is not None:
+        used = used & anchor_mask
+    return torch.where(used, per_anchor, 0.0).sum(), used.sum()
 
 
 class SupCon(SBERTNLI):
@@ -106,22 +117,17 @@ class SupCon(SBERTNLI):
         groups, labels = batch["group"], batch["labels"]
         all_groups = g.gather_nograd(groups)
         all_v, all_labels = g(v), g.gather_nograd(labels)
-        # one anchor per premise: the first row of its group in the global batch
-        off = g.offset(n)
-        first = torch.ones_like(all_groups, dtype=torch.bool)
-        first[1:] = all_groups[1:] != all_groups[:-1]
-        seen = set()
-        for k, grp in enumerate(all_groups.tolist()):  # groups may also be split across a batch edge
-            if grp in seen:
-                first[k] = False
-            seen.add(grp)
-        mine = first[off: off + n]
-        has_pos = torch.tensor([bool(((all_groups == grp) & (all_labels == ENTAILMENT)).any())
-                                for grp in all_groups.tolist()], device=u.device)
-        total_anchors = int((first & has_pos).sum())
-        scl_sum, used = scl_loss(u[mine], groups[mine], all_v, all_groups, all_labels, p.temperature,
-                                 p.pos_cap, p.neg_cap, p.scl_normalize)
+        # one anchor per premise: the first row of its group in the global batch (groups may also be split across
+        # a batch edge); every row at once, on the device
+        off, m = g.offset(n), all_groups.shape[0]
+        same = all_groups[:, None] == all_groups[None, :]
+        earlier = torch.ones((m, m), dtype=torch.bool, device=all_groups.device).tril(-1)
+        first = ~(same & earlier).any(dim=1)
+        has_pos = (same & (all_labels == ENTAILMENT)[None, :]).any(dim=1)
+        total_anchors = (first & has_pos).sum()
+        scl_sum, used = scl_loss(u, groups, all_v, all_groups, all_labels, p.temperature, p.pos_cap, p.neg_cap,
+                                 p.scl_normalize, anchor_mask=first[off: off + n])
         # the global mean over anchors: each worker's sum over the total, times the workers (DDP averages)
-        scl = scl_sum * g.world_size / max(total_anchors, 1)
+        scl = scl_sum * g.world_size / total_anchors.clamp(min=1)
         loss = (1 - p.scl_weight) * ce + p.scl_weight * scl
-        return LossOutput(loss, {"loss_ce": float(ce.detach()), "loss_scl": float(scl.detach()), "anchors": used})
+        return LossOutput(loss, {"loss_ce": ce.detach(), "loss_scl": scl.detach(), "anchors": used})

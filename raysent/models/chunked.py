@@ -35,6 +35,13 @@ MIN_SAVING = 0.10  # bucket only when it removes at least this share of the padd
 
 
 def _forward(model: nn.Module, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    mask = inputs.get("attention_mask")
+    if mask is not None and mask.dim() == 2 and getattr(getattr(model, "config", None), "_attn_implementation",
+                                                        None) == "sdpa":
+        # transformers' SDPA path asks ``mask.all()`` at every forward (to drop a mask that hides nothing), which
+        # makes the host wait on a CUDA device; a prepared 4D mask (True: attend) is taken as it is. The same hidden
+        # states and gradients, bit for bit, on CPU (tests/models/test_pooling.py)
+        inputs = {**inputs, "attention_mask": mask.bool()[:, None, None, :]}
     return tuple(model(**inputs, output_hidden_states=True, return_dict=True).hidden_states)
 
 

@@ -22,6 +22,7 @@ import importlib.util
 import json
 import logging
 import os
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,6 +146,8 @@ class Encoder(nn.Module):
     dense+tanh pooler (BERT's), which the ``cls`` pooling uses at inference.
     """
 
+    random_init: tuple[str, ...] = ()  # the weights :meth:`load` found missing and initialised at random
+
     def __init__(self, model: nn.Module, tokenizer, source: str, has_trained_pooler: bool, meta: LoadedMeta,
                  head: nn.Module | None = None):
         super().__init__()
@@ -157,6 +160,16 @@ class Encoder(nn.Module):
         # training speedups that keep results identical (raysent.models.chunked); set by the training loop
         self.length_buckets = 1
         self._grad_cache: GradCache | None = None
+        self._compiled: Callable[..., Any] | None = None  # train.compile: the training forward, compiled
+
+    def compile_for_training(self) -> None:
+        """``train.compile``: training forwards (not evaluation, whose batches take other shapes) go through
+        ``torch.compile`` of the model. Static shapes: the loop pads every batch to one of a few widths
+        (raysent.train.loop.compile_widths), so each width compiles once and is then reused."""
+        if self._compiled is None:
+            # set past nn.Module.__setattr__: registered as a submodule, the compiled wrapper would put every weight
+            # a second time into state_dict() and the checkpoints
+            object.__setattr__(self, "_compiled", torch.compile(self.model, dynamic=False))
 
     # ----------------------------------------------------------------- loading
     @classmethod
@@ -211,7 +224,9 @@ class Encoder(nn.Module):
                                  f"({HEAD_FILES[0]}) is missing")
             head = LayerAttentionPooler(int(model.config.hidden_size))
             head.load_state_dict(load_file(str(head_file)))
-        return cls(model, tokenizer, source=where, has_trained_pooler=has_pooler, meta=meta, head=head)
+        encoder = cls(model, tokenizer, source=where, has_trained_pooler=has_pooler, meta=meta, head=head)
+        encoder.random_init = tuple(sorted(missing))  # drawn from torch's generator (raysent.models.cache)
+        return encoder
 
     # ----------------------------------------------------------------- shape
     @property
@@ -270,6 +285,8 @@ class Encoder(nn.Module):
             inputs["position_ids"] = position_ids
         if self._grad_cache is not None and torch.is_grad_enabled():
             return self._grad_cache.forward(self.model, inputs)
+        if self._compiled is not None and self.training:
+            return hidden_states(cast(nn.Module, self._compiled), inputs, self.length_buckets)
         return hidden_states(self.model, inputs, self.length_buckets if self.training else 1)
 
     @contextmanager

@@ -25,6 +25,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,8 @@ from raysent.methods import Gatherer, Method
 from raysent.methods.base import Speedups
 from raysent.methods.card import write_card
 from raysent.models.embedder import Embedder
+from raysent.train.device import DeviceSettings, auto_precision, default_device
+from raysent.train.device import resolve as resolve_settings
 from raysent.train.records import TrainSummary
 
 # Lazy imports: transformers (heavy, and only the functions that need them import them).
@@ -67,7 +70,7 @@ class TrainHooks:
         self.output_dir = Path(output_dir)
         self.resume = resume
         self.quiet = quiet
-        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = default_device()
 
     # distributed pieces (identity on one worker)
     def gatherer(self) -> Gatherer:
@@ -186,11 +189,12 @@ def link_tree(src: Path, dst: Path) -> None:
 
 
 # --------------------------------------------------------------------------- optimizer
-def build_optimizer(cfg: ExperimentConfig, method: Method,
-                    total_steps: int) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
+def build_optimizer(cfg: ExperimentConfig, method: Method, total_steps: int, settings: DeviceSettings | None = None,
+                    ) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
     from transformers import get_linear_schedule_with_warmup
 
     t = cfg.train
+    settings = settings or resolve_settings(t, next(method.parameters()).device)
     decay: list[torch.nn.Parameter] = []
     no_decay: list[torch.nn.Parameter] = []
     for name, p in method.named_parameters():
@@ -201,24 +205,50 @@ def build_optimizer(cfg: ExperimentConfig, method: Method,
                                     {"params": no_decay, "weight_decay": 0.0}]
     # fused: one kernel for every parameter (CPU and CUDA), the same update as the loop over parameters up to
     # float rounding and several times faster on a small model (raysent bench)
-    fused = t.fused_adamw and all(p.device.type in ("cpu", "cuda") and p.is_floating_point()
-                                  for g in groups for p in g["params"])
+    fused = settings.fused_adamw and all(p.device.type in ("cpu", "cuda") and p.is_floating_point()
+                                         for g in groups for p in g["params"])
     opt = torch.optim.AdamW([g for g in groups if g["params"]], lr=t.lr, betas=t.adam_betas, eps=t.adam_eps,
                             **({"fused": True} if fused else {}))
     sched = get_linear_schedule_with_warmup(opt, int(round(t.warmup_ratio * total_steps)), max(total_steps, 1))
     return opt, sched
 
 
-# --------------------------------------------------------------------------- the loop
-def run_training(cfg: ExperimentConfig, method: Method, data: TokenizedData, dev_specs: list[str],
-                 hooks: TrainHooks, groups: np.ndarray | None = None, record: dict | None = None) -> TrainSummary:
-    """Train ``method`` on ``data``; returns the run summary (also written to result.json on rank 0).
+# --------------------------------------------------------------------------- the run
+@dataclass
+class Run:
+    """What every part of one training run reads: built once by :func:`setup`, then passed to each function
+    of the loop (:func:`restore`, :func:`fit`, :func:`validate`, :func:`save_checkpoint`, :func:`summarize`)."""
 
-    ``record`` is merged into the summary (e.g. a description of the data).
-    """
+    cfg: ExperimentConfig
+    method: Method
+    data: TokenizedData
+    hooks: TrainHooks
+    settings: DeviceSettings
+    stepper: Stepper
+    batches: GlobalBatches
+    total: int  # optimizer steps of the whole run
+    steps_per_epoch: int
+    dev_sets: dict | None  # rank 0 only
+    embedder: Embedder
+    record: dict[str, Any]
+    scratch: Path | None  # rank 0 only: where the best model and checkpoints are written
+    # where the time of this process goes (this run only, not a resumed run's earlier part): the bench's breakdown
+    phases: dict[str, float] = field(default_factory=lambda: {"eval_seconds": 0.0, "checkpoint_seconds": 0.0,
+                                                              "report_seconds": 0.0})
+
+    @property
+    def best_dir(self) -> Path | None:
+        return self.scratch / BEST_DIR if self.scratch is not None else None
+
+
+def setup(cfg: ExperimentConfig, method: Method, data: TokenizedData, dev_specs: list[str], hooks: TrainHooks,
+          groups: np.ndarray | None = None, record: dict | None = None) -> Run:
+    """Seed, move the method to the device, resolve the device's settings, order the batches and build the
+    optimizer: everything a run needs before its first step."""
     t = cfg.train
     set_seed(t.seed, hooks.rank)
     device = hooks.device
+    settings = resolve_settings(t, device)
     method.to(device)
     method.set_gatherer(hooks.gatherer())
     world = hooks.world_size
@@ -232,178 +262,273 @@ def run_training(cfg: ExperimentConfig, method: Method, data: TokenizedData, dev
         total = min(total, t.max_steps)
     if not method.trains:
         total = 0
-    optimizer, scheduler = build_optimizer(cfg, method, total) if method.trains else (None, None)
-    stepper = Stepper(cfg, method, hooks, optimizer, scheduler)
-    model, scaler = stepper.model, stepper.scaler
-    if stepper.precision != t.precision:
+    optimizer, scheduler = build_optimizer(cfg, method, total, settings) if method.trains else (None, None)
+    stepper = Stepper(cfg, method, hooks, optimizer, scheduler, settings=settings)
+    data.pad_widths = compile_widths(data.max_length) if settings.compile else None
+    hooks.log(settings.describe())
+    if stepper.precision != settings.precision:
         hooks.log(f"NOTE: train.precision={t.precision} is not available on {device.type} (bf16: CPU and CUDA; "
                   f"fp16, with its GradScaler: CUDA only); this run trains in {stepper.precision} (precision: "
                   f"{stepper.precision} in the result)")
-
-    scratch = hooks.scratch_dir() if hooks.rank == 0 else None
-    best_dir = (scratch / BEST_DIR) if scratch is not None else None
-    state = TrainState()
-    restored = hooks.restore_dir()
-    resumed_at = None
-    if restored is not None:
-        ckpt = torch.load(restored / STATE_FILE, map_location=device, weights_only=False)
-        method.load_state_dict(ckpt["method"])
-        if optimizer is not None and scheduler is not None:
-            optimizer.load_state_dict(ckpt["optimizer"])
-            scheduler.load_state_dict(ckpt["scheduler"])
-        if scaler is not None and ckpt.get("scaler"):
-            scaler.load_state_dict(ckpt["scaler"])
-        state = TrainState(**ckpt["state"])
-        set_rng_state(ckpt["rng"][hooks.rank])
-        if (scratch is not None and best_dir is not None and (restored / BEST_DIR).is_dir()
-                and restored.resolve() != scratch.resolve()):
-            shutil.rmtree(best_dir, ignore_errors=True)
-            link_tree(restored / BEST_DIR, best_dir)
-        hooks.log(f"resumed from {hooks.restored_from} at step {state.step} (best dev {state.best_score:.2f} at "
-                  f"step {state.best_step})")
-        resumed_at = state.step
-
-    dev_sets = None
-    if hooks.rank == 0:
-        dev_sets = {s: load(s, "scored_pairs") for s in dev_specs}
+    dev_sets = {s: load(s, "scored_pairs") for s in dev_specs} if hooks.rank == 0 else None
     embedder = Embedder(method.embed, method.encoder.tokenizer, module=method, max_length=cfg.eval.max_length,
                         batch_size=cfg.eval.batch_size, device=device)
+    return Run(cfg=cfg, method=method, data=data, hooks=hooks, settings=settings, stepper=stepper, batches=batches,
+               total=total, steps_per_epoch=steps_per_epoch, dev_sets=dev_sets, embedder=embedder,
+               record=dict(record or {}), scratch=hooks.scratch_dir() if hooks.rank == 0 else None)
 
-    # where the time of this process goes (this run only, not a resumed run's earlier part): the bench's breakdown
-    phases = {"eval_seconds": 0.0, "checkpoint_seconds": 0.0, "report_seconds": 0.0}
 
-    def evaluate() -> dict:
-        """The dev scores: computed on rank 0, the same on every worker."""
-        t0 = time.perf_counter()
-        scores: dict = hooks.broadcast(evaluate_dev(embedder, sets=dev_sets) if hooks.rank == 0 else None)
-        phases["eval_seconds"] += time.perf_counter() - t0
-        return scores
+def restore(run: Run) -> tuple[TrainState, int | None]:
+    """The state to start from: the checkpoint the hooks find (model, optimizer, schedule, scaler, RNG, best
+    model), or a fresh one. Returns it and the step it resumed at (None: not resumed)."""
+    hooks, method, stepper = run.hooks, run.method, run.stepper
+    restored = hooks.restore_dir()
+    if restored is None:
+        return TrainState(), None
+    ckpt = torch.load(restored / STATE_FILE, map_location=hooks.device, weights_only=False)
+    method.load_state_dict(ckpt["method"])
+    if stepper.optimizer is not None and stepper.scheduler is not None:
+        stepper.optimizer.load_state_dict(ckpt["optimizer"])
+        stepper.scheduler.load_state_dict(ckpt["scheduler"])
+    if stepper.scaler is not None and ckpt.get("scaler"):
+        stepper.scaler.load_state_dict(ckpt["scaler"])
+    state = TrainState(**ckpt["state"])
+    set_rng_state(ckpt["rng"][hooks.rank])
+    best_dir = run.best_dir
+    if (run.scratch is not None and best_dir is not None and (restored / BEST_DIR).is_dir()
+            and restored.resolve() != run.scratch.resolve()):
+        shutil.rmtree(best_dir, ignore_errors=True)
+        link_tree(restored / BEST_DIR, best_dir)
+    hooks.log(f"resumed from {hooks.restored_from} at step {state.step} (best dev {state.best_score:.2f} at "
+              f"step {state.best_step})")
+    return state, state.step
 
-    def current_lr() -> float:
-        return float(scheduler.get_last_lr()[0]) if scheduler is not None else 0.0
 
-    def checkpoint_and_report(metrics: dict, improved: bool) -> None:
-        t0 = time.perf_counter()
-        rng = hooks.all_gather_object(rng_state())
-        ckpt_dir = None
-        if scratch is not None and best_dir is not None:  # rank 0
-            if improved:
-                tmp_best = Path(tempfile.mkdtemp(dir=scratch, prefix=".best-"))
-                method.export(tmp_best, extra={"dev_spearman": state.best_score, "step": state.step,
-                                               "config": cfg.to_dict(), "data": (record or {}).get("data")},
-                              max_length=cfg.eval.max_length)
-                write_card(tmp_best)
-                shutil.rmtree(best_dir, ignore_errors=True)
-                tmp_best.rename(best_dir)
-            ckpt_dir = Path(tempfile.mkdtemp(dir=scratch, prefix=".ckpt-"))
-            torch.save({
-                "method": method.state_dict(),
-                "optimizer": optimizer.state_dict() if optimizer is not None else None,
-                "scheduler": scheduler.state_dict() if scheduler is not None else None,
-                "scaler": scaler.state_dict() if scaler is not None else None,
-                "state": asdict(state),
-                "rng": rng,
-            }, ckpt_dir / STATE_FILE)
-            if best_dir.is_dir():
-                link_tree(best_dir, ckpt_dir / BEST_DIR)
-        t1 = time.perf_counter()
-        hooks.report(metrics, ckpt_dir)
-        phases["checkpoint_seconds"] += t1 - t0
-        phases["report_seconds"] += time.perf_counter() - t1
+def validate(run: Run) -> dict:
+    """The dev scores: computed on rank 0, the same on every worker."""
+    t0 = time.perf_counter()
+    hooks = run.hooks
+    scores: dict = hooks.broadcast(evaluate_dev(run.embedder, sets=run.dev_sets) if hooks.rank == 0 else None)
+    run.phases["eval_seconds"] += time.perf_counter() - t0
+    return scores
 
-    def eval_step(loss_avg: float | None) -> bool:
-        """Evaluate, keep the best, checkpoint, report; True when patience says stop."""
-        scores = evaluate()
-        score = scores["dev_spearman"]
-        improved = score > state.best_score
+
+def current_lr(run: Run) -> float:
+    scheduler = run.stepper.scheduler
+    return float(scheduler.get_last_lr()[0]) if scheduler is not None else 0.0
+
+
+def save_checkpoint(run: Run, state: TrainState, metrics: dict, improved: bool) -> None:
+    """Export the best model when it improved, write a resumable checkpoint (rank 0) and report ``metrics``."""
+    t0 = time.perf_counter()
+    hooks, method, stepper, cfg = run.hooks, run.method, run.stepper, run.cfg
+    rng = hooks.all_gather_object(rng_state())
+    ckpt_dir = None
+    scratch, best_dir = run.scratch, run.best_dir
+    if scratch is not None and best_dir is not None:  # rank 0
         if improved:
-            state.best_score, state.best_step, state.evals_since_best = score, state.step, 0
-        else:
-            state.evals_since_best += 1
-        state.dev_curve.append({"step": state.step, **scores})
-        if state.step == 0 and state.initial_dev is None:
-            state.initial_dev = scores
-        # ("finished", not "done": Tune reads a reported "done" as the end of the trial)
-        metrics = {"step": state.step, "epoch": state.epoch, "loss": loss_avg,
-                   "lr": current_lr(), **scores,
-                   "best_dev_spearman": state.best_score, "best_step": state.best_step, "finished": False}
-        stop = t.patience is not None and state.evals_since_best >= t.patience
-        checkpoint_and_report(metrics, improved)
-        return stop
+            tmp_best = Path(tempfile.mkdtemp(dir=scratch, prefix=".best-"))
+            method.export(tmp_best, extra={"dev_spearman": state.best_score, "step": state.step,
+                                           "config": cfg.to_dict(), "data": run.record.get("data")},
+                          max_length=cfg.eval.max_length)
+            write_card(tmp_best)
+            shutil.rmtree(best_dir, ignore_errors=True)
+            tmp_best.rename(best_dir)
+        ckpt_dir = Path(tempfile.mkdtemp(dir=scratch, prefix=".ckpt-"))
+        torch.save({
+            "method": method.state_dict(),
+            "optimizer": stepper.optimizer.state_dict() if stepper.optimizer is not None else None,
+            "scheduler": stepper.scheduler.state_dict() if stepper.scheduler is not None else None,
+            "scaler": stepper.scaler.state_dict() if stepper.scaler is not None else None,
+            "state": asdict(state),
+            "rng": rng,
+        }, ckpt_dir / STATE_FILE)
+        if best_dir.is_dir():
+            link_tree(best_dir, ckpt_dir / BEST_DIR)
+    t1 = time.perf_counter()
+    hooks.report(metrics, ckpt_dir)
+    run.phases["checkpoint_seconds"] += t1 - t0
+    run.phases["report_seconds"] += time.perf_counter() - t1
 
-    hooks.log(f"training {method.name} on {len(data):,} examples: {total} steps of {t.batch_size} "
-              f"({steps_per_epoch} per epoch) on {world} worker(s), device {device.type}")
-    prepared = method.prepare(data, device, hooks.log) if total > state.step else {}
-    model.train()
-    if state.step == 0 and not state.dev_curve and (t.eval_at_start or total == 0):
-        eval_step(None)
 
+def evaluate_and_save(run: Run, state: TrainState, loss_avg: float | None) -> bool:
+    """Evaluate, keep the best, checkpoint, report; True when patience says stop."""
+    scores = validate(run)
+    score = scores["dev_spearman"]
+    improved = score > state.best_score
+    if improved:
+        state.best_score, state.best_step, state.evals_since_best = score, state.step, 0
+    else:
+        state.evals_since_best += 1
+    state.dev_curve.append({"step": state.step, **scores})
+    if state.step == 0 and state.initial_dev is None:
+        state.initial_dev = scores
+    # ("finished", not "done": Tune reads a reported "done" as the end of the trial)
+    metrics = {"step": state.step, "epoch": state.epoch, "loss": loss_avg, "lr": current_lr(run), **scores,
+               "best_dev_spearman": state.best_score, "best_step": state.best_step, "finished": False}
+    patience = run.cfg.train.patience
+    stop = patience is not None and state.evals_since_best >= patience
+    save_checkpoint(run, state, metrics, improved)
+    return stop
+
+
+class LossMeter:
+    """The running loss since the last progress line and since the last evaluation, summed on the device.
+
+    Adding a step's loss is a kernel, not a host sync; the sums are read (one sync each) only at log and eval
+    intervals, and a NaN or infinite loss is caught there: the loop never waits on the device in between
+    (tests/train/test_host_syncs.py counts it)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.log_sum, self.log_n, self.log_from = torch.zeros((), dtype=torch.float64, device=device), 0, 0
+        self.win_sum, self.win_n, self.win_from = torch.zeros((), dtype=torch.float64, device=device), 0, 0
+
+    def add(self, loss: torch.Tensor) -> None:
+        value = loss.detach().to(torch.float64)
+        self.log_sum.add_(value)
+        self.win_sum.add_(value)
+        self.log_n += 1
+        self.win_n += 1
+
+    @staticmethod
+    def _read(total: torch.Tensor, n: int, first: int, last: int, lr: float) -> float:
+        mean = float(total) / max(n, 1)  # the one host sync of the interval
+        if not math.isfinite(mean):
+            raise NonFiniteLossError(
+                f"the loss became {mean} between steps {first + 1} and {last} (lr {lr:.2e}); the configuration "
+                "diverges: lower the learning rate or raise the temperature")
+        return mean
+
+    def read_log(self, step: int, lr: float) -> float:
+        mean = self._read(self.log_sum, self.log_n, self.log_from, step, lr)
+        self.log_sum.zero_()
+        self.log_n, self.log_from = 0, step
+        return mean
+
+    def read_window(self, step: int, lr: float) -> float:
+        mean = self._read(self.win_sum, self.win_n, self.win_from, step, lr)
+        self.win_sum.zero_()
+        self.win_n, self.win_from = 0, step
+        return mean
+
+
+def fit(run: Run, state: TrainState) -> None:
+    """Train from ``state`` to the run's last step (or an early stop): the optimizer steps, with a progress
+    line every ``train.log_every`` steps and an evaluation and checkpoint every ``train.eval_every``."""
+    t, hooks, total = run.cfg.train, run.hooks, run.total
     run_start = time.perf_counter() - state.train_seconds
-    window_loss, window_n = 0.0, 0  # since the last evaluation
-    log_loss, log_n = 0.0, 0  # since the last progress line
+    meter = LossMeter(hooks.device)
+    meter.log_from = meter.win_from = state.step
     stop = state.stopped_early
     while state.step < total and not stop:
-        epoch_batches = batches.epoch(state.epoch)
-        while state.batch_in_epoch < len(epoch_batches) and state.step < total and not stop:
-            idx = local_part(epoch_batches[state.batch_in_epoch], hooks.rank, world)
-            loss = stepper.step(data.collate(idx), state.step)
+        epoch = [local_part(b, hooks.rank, hooks.world_size) for b in run.batches.epoch(state.epoch)]
+        stream = device_batches(run.data, epoch[state.batch_in_epoch:], hooks.device)
+        for batch in stream:
+            if state.step >= total or stop:
+                break
+            meter.add(run.stepper.step(batch, state.step))
             state.step += 1
             state.batch_in_epoch += 1
-            epoch_done = state.batch_in_epoch >= len(epoch_batches)
+            epoch_done = state.batch_in_epoch >= len(epoch)
             if epoch_done:  # a checkpoint taken now resumes at the start of the next epoch
                 state.epoch += 1
                 state.batch_in_epoch = 0
-            loss_value = loss
-            window_loss, window_n = window_loss + loss_value, window_n + 1
-            log_loss, log_n = log_loss + loss_value, log_n + 1
             if state.step % t.log_every == 0:
-                state.loss_curve.append({"step": state.step, "loss": log_loss / log_n})
+                loss = meter.read_log(state.step, current_lr(run))
+                state.loss_curve.append({"step": state.step, "loss": loss})
                 elapsed = time.perf_counter() - run_start - hooks.paused
                 rate = state.step / max(elapsed, 1e-9)
                 eta = (total - state.step) / max(rate, 1e-9)
-                hooks.log(f"step {state.step}/{total}  loss {log_loss / log_n:.4f}  "
-                          f"lr {current_lr():.2e}  {rate:.2f} steps/s  eta {eta / 60:.1f} min")
-                log_loss, log_n = 0.0, 0
+                hooks.log(f"step {state.step}/{total}  loss {loss:.4f}  lr {current_lr(run):.2e}  "
+                          f"{rate:.2f} steps/s  eta {eta / 60:.1f} min")
             if state.step % t.eval_every == 0 or state.step == total:
+                loss_avg = hooks.mean_across(meter.read_window(state.step, current_lr(run)))
                 state.train_seconds = time.perf_counter() - run_start - hooks.paused
-                loss_avg = hooks.mean_across(window_loss / max(window_n, 1))
-                window_loss, window_n = 0.0, 0
-                if eval_step(loss_avg):
+                if evaluate_and_save(run, state, loss_avg):
                     state.stopped_early = stop = True
                     hooks.log(f"early stop: no new best dev score in {t.patience} evaluations")
             if epoch_done:
                 break
     state.train_seconds = time.perf_counter() - run_start - hooks.paused
-    summary = TrainSummary(
-        method=method.name,
+
+
+def summarize(run: Run, state: TrainState, resumed_at: int | None, prepared: dict) -> TrainSummary:
+    """The run's summary (the loop's part of result.json)."""
+    t, hooks = run.cfg.train, run.hooks
+    seconds = state.train_seconds
+    return TrainSummary(
+        method=run.method.name,
         best_dev_spearman=state.best_score,
         best_step=state.best_step,
         final_step=state.step,
-        total_steps=total,
+        total_steps=run.total,
         stopped_early=state.stopped_early,
         resumed_at_step=resumed_at,
         resumed_from=hooks.restored_from if resumed_at is not None else None,
         initial_dev=state.initial_dev,
         dev_curve=state.dev_curve,
         loss_curve=state.loss_curve,
-        train_seconds=state.train_seconds,
-        steps_per_second=state.step / state.train_seconds if state.train_seconds > 0 else None,
-        sentences_per_second=(state.step * t.batch_size / state.train_seconds) if state.train_seconds > 0 else None,
-        workers=world,
-        device=device.type,
+        train_seconds=seconds,
+        steps_per_second=state.step / seconds if seconds > 0 else None,
+        sentences_per_second=(state.step * t.batch_size / seconds) if seconds > 0 else None,
+        workers=hooks.world_size,
+        device=hooks.device.type,
         torch_threads=torch.get_num_threads(),
-        precision=stepper.precision,
+        precision=run.stepper.precision,
+        settings=run.settings.record(),
         prepare=prepared,
-        phases={k: round(v, 3) for k, v in phases.items()},
-        best_model_dir=str(best_dir) if hooks.rank == 0 else None,
-        **(record or {}),
+        phases={k: round(v, 3) for k, v in run.phases.items()},
+        best_model_dir=str(run.best_dir) if hooks.rank == 0 else None,
+        **run.record,
     )
-    final = {"step": state.step, "epoch": state.epoch, "best_dev_spearman": state.best_score,
-             "best_step": state.best_step, "finished": True,
-             **(state.dev_curve[-1] if state.dev_curve else {})}
+
+
+def run_training(cfg: ExperimentConfig, method: Method, data: TokenizedData, dev_specs: list[str],
+                 hooks: TrainHooks, groups: np.ndarray | None = None, record: dict | None = None) -> TrainSummary:
+    """Train ``method`` on ``data``; returns the run summary (also written to result.json on rank 0).
+
+    ``record`` is merged into the summary (e.g. a description of the data).
+    """
+    run = setup(cfg, method, data, dev_specs, hooks, groups=groups, record=record)
+    state, resumed_at = restore(run)
+    t = cfg.train
+    hooks.log(f"training {method.name} on {len(data):,} examples: {run.total} steps of {t.batch_size} "
+              f"({run.steps_per_epoch} per epoch) on {hooks.world_size} worker(s), device {hooks.device.type}")
+    prepared = method.prepare(data, hooks.device, hooks.log) if run.total > state.step else {}
+    method.train()
+    if state.step == 0 and not state.dev_curve and (t.eval_at_start or run.total == 0):
+        evaluate_and_save(run, state, None)
+    fit(run, state)
+    summary = summarize(run, state, resumed_at, prepared)
+    final = {"epoch": state.epoch, "best_dev_spearman": state.best_score, "best_step": state.best_step,
+             "finished": True, **(state.dev_curve[-1] if state.dev_curve else {})}
     final.pop("step", None)
     hooks.finish({"step": state.step, **final}, summary)
     return summary
+
+
+# --------------------------------------------------------------------------- batches on the device
+def compile_widths(max_length: int) -> tuple[int, ...]:
+    """The few widths a batch is padded to under ``train.compile``: powers of two from 8, then ``max_length``,
+    so the compiled graphs are reused (at most log2(max_length) shapes) instead of one per batch width."""
+    widths = [w for w in (8, 16, 32, 64, 128, 256, 512, 1024, 2048) if w < max_length]
+    return (*widths, max_length)
+
+
+def device_batches(data: TokenizedData, batches: list[np.ndarray], device: torch.device) -> Iterator[dict]:
+    """The collated batches of ``batches`` (row indices), on ``device``: a DataLoader that collates on the host
+    (vectorised: :meth:`TokenizedData.collate`), pins the memory on CUDA, and copies without blocking, so the
+    host prepares the next batch while the device computes."""
+    from torch.utils.data import DataLoader
+
+    # its own generator: a DataLoader draws its base seed from torch's global one at every iteration, which would
+    # shift the dropout masks of the steps after it and make a resumed run differ from one that never stopped
+    loader: DataLoader = DataLoader(batches, batch_size=None, shuffle=False,  # type: ignore[arg-type]
+                                    collate_fn=data.collate, pin_memory=device.type == "cuda", num_workers=0,
+                                    generator=torch.Generator().manual_seed(0))
+    for batch in loader:
+        yield _to_device(batch, device)
 
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -415,6 +540,8 @@ def used_precision(precision: str, device_type: str) -> str:
 
     fp16 stays on CUDA: it needs loss scaling (GradScaler), and what it is for (the fp16 tensor cores of GPUs
     without bf16) a CPU does not have; bf16 keeps fp32's exponent and needs no scaling."""
+    if precision == "auto":
+        precision = auto_precision(device_type)
     if precision == "bf16" and torch.amp.is_autocast_available(device_type):
         return "bf16"
     if precision == "fp16" and device_type == "cuda":
@@ -429,25 +556,30 @@ def autocast(precision: str, device: torch.device):
 
 
 class Stepper:
-    """One optimizer step of the loop, from a collated batch: forward and backward (through the length
-    buckets and gradient cache of ``train``), gradient clipping, AdamW, the schedule. ``raysent bench``
-    times exactly this."""
+    """One optimizer step of the loop, from a batch on the device: forward and backward (through the length
+    buckets and gradient cache of ``train``), gradient clipping, AdamW, the schedule. ``raysent bench`` times
+    exactly this. A step never waits on the device: it returns the loss as a tensor (the loop reads it at its
+    log and eval intervals, :class:`LossMeter`)."""
 
-    def __init__(self, cfg: ExperimentConfig, method: Method, hooks: TrainHooks, optimizer, scheduler):
+    def __init__(self, cfg: ExperimentConfig, method: Method, hooks: TrainHooks, optimizer, scheduler,
+                 settings: DeviceSettings | None = None):
         t = cfg.train
         self.method, self.hooks, self.optimizer, self.scheduler = method, hooks, optimizer, scheduler
         self.grad_clip = t.grad_clip
         self.device = hooks.device
+        self.settings = settings or resolve_settings(t, self.device)
         # speedups that keep the loss and gradients (tests/train/test_speedups.py); grad caching runs several backward
         # passes per step, which DDP cannot follow: the gradients are then averaged by hooks.sync_gradients
         method.speedups = Speedups(concat_views=t.concat_views, cache_views=t.cache_views)
-        method.encoder.length_buckets = t.length_buckets
+        method.encoder.length_buckets = self.settings.length_buckets
+        if self.settings.compile:
+            method.encoder.compile_for_training()
         self.grad_cache = t.grad_cache_rows if method.trains else None
         if self.grad_cache and not method.supports_grad_cache:
             raise RaysentError(f"train.grad_cache_rows: method {method.name} does not support gradient caching")
         self.model = hooks.wrap(method, ddp=not self.grad_cache)
-        self.train_precision = t.precision
-        self.precision = used_precision(t.precision, self.device.type)  # what the run records
+        self.train_precision = self.settings.precision
+        self.precision = used_precision(self.train_precision, self.device.type)  # what the run records
         # CUDA only (docs/performance.md, "bf16 without a GPU"): fp16 needs loss scaling, bf16 does not
         self.scaler = torch.amp.GradScaler("cuda") if self.precision == "fp16" else None
 
@@ -455,8 +587,9 @@ class Stepper:
         """Mixed precision around the forward passes only (backward runs outside it, as PyTorch advises)."""
         return autocast(self.train_precision, self.device)
 
-    def step(self, batch: dict, step: int) -> float:
-        """Train on one collated batch; returns its loss."""
+    def step(self, batch: dict, step: int) -> torch.Tensor:
+        """Train on one collated batch (on the device, or moved there here); returns its loss, detached, on the
+        device."""
         batch = _to_device(batch, self.device)
         opt, scaler = self.optimizer, self.scaler
         opt.zero_grad(set_to_none=True)
@@ -469,24 +602,21 @@ class Stepper:
         if self.grad_clip is not None:
             torch.nn.utils.clip_grad_norm_(self.method.trainable_parameters(), self.grad_clip)
         if scaler is not None:
-            scaler.step(opt)
+            scaler.step(opt)  # fp16 only: the scaler reads whether the gradients overflowed (a host sync)
             scaler.update()
         else:
             opt.step()
         self.scheduler.step()
-        return float(loss.detach())
+        return loss.detach()
 
 
 def forward_backward(model: torch.nn.Module, method: Method, batch: dict, scaler=None, grad_cache: int | None = None,
                      step: int = 0, lr: float = 0.0, autocast=contextlib.nullcontext) -> torch.Tensor:
     """One batch's loss and its gradients (accumulated into ``.grad``); through a gradient cache of
     ``grad_cache`` rows per chunk when given (raysent.models.chunked.GradCache). ``autocast()`` wraps
-    every forward pass."""
+    every forward pass. A NaN or infinite loss is not checked here (that would wait on the device at every
+    step): the loop catches it at its next log or eval interval (:class:`LossMeter`)."""
     def backward(loss: torch.Tensor) -> None:
-        if not torch.isfinite(loss.detach()):
-            raise NonFiniteLossError(
-                f"the loss became {loss.item()} at step {step + 1} (lr {lr:.2e}); "
-                "the configuration diverges: lower the learning rate or raise the temperature")
         (scaler.scale(loss) if scaler is not None else loss).backward()
 
     if not grad_cache:
@@ -502,12 +632,19 @@ def forward_backward(model: torch.nn.Module, method: Method, batch: dict, scaler
     return loss
 
 
+# batch fields that stay on the host: the examples' positions in the data, which a per-sentence cache kept in host
+# memory is indexed by (sg's views: reading them back from the device would wait on it)
+HOST_FIELDS = frozenset({"index"})
+
+
 def _to_device(batch: dict, device: torch.device) -> dict:
+    """The batch's tensors on ``device`` (non-blocking: from pinned memory the copy overlaps the computation),
+    except :data:`HOST_FIELDS`."""
     out: dict[str, Any] = {}
     for k, v in batch.items():
         if isinstance(v, dict):
             out[k] = {kk: vv.to(device, non_blocking=True) for kk, vv in v.items()}
-        elif isinstance(v, torch.Tensor):
+        elif isinstance(v, torch.Tensor) and k not in HOST_FIELDS:
             out[k] = v.to(device, non_blocking=True)
         else:
             out[k] = v

@@ -143,6 +143,8 @@ class TrainSummary(BaseModel):
     device: str
     torch_threads: int
     precision: str
+    settings: dict[str, Any] | None = Field(None, description="the device's speed settings, each auto resolved "
+                                            "(raysent.train.device); absent before 2026-11-27")
     prepare: dict[str, Any] | None = Field(None, description="what the method computed before training")
     phases: dict[str, float] = Field(default_factory=dict, description="seconds per part of a step")
     data: dict[str, Any] = Field(default_factory=dict, description="what it trained on")

@@ -78,7 +78,7 @@ def test_the_joint_scripts_max_square_feature_matches_its_classifier(raw_encoder
                         np.maximum(r[0].numpy(), r[1].numpy()) ** 2]).astype(np.float64)
     logits = w @ x + bias
     ce = float(np.log(np.exp(logits - logits.max()).sum()) + logits.max() - logits[2])
-    assert out.metrics["loss_ce"] == pytest.approx(ce, rel=1e-5)
+    assert float(out.metrics["loss_ce"]) == pytest.approx(ce, rel=1e-5)
 
 
 def test_checkpoints_are_selected_on_select_pooling_and_the_model_keeps_eval_pooling(raw_encoder, tmp_path):

@@ -284,10 +284,38 @@ def test_sg_opt_forward_reports_loss_reg_and_opt3_of_bert_f_views(sg_trained):
     finally:
         method.train()
     reg = squared_difference(method.encoder.model, method.frozen)
-    assert out.metrics["loss_reg"] == pytest.approx(reg, rel=TOL)
+    assert float(out.metrics["loss_reg"]) == pytest.approx(reg, rel=TOL)
     # τ = 0.01 multiplies float32 cosine rounding (~1e-7) by 100: 1e-4 is the honest tolerance here
-    assert out.metrics["loss_con"] == pytest.approx(ref_loss_opt3(fc, fh, method.params.temperature), abs=1e-4)
-    assert out.loss.item() == pytest.approx(out.metrics["loss_con"] + method.params.reg_lambda * reg, rel=TOL)
+    assert float(out.metrics["loss_con"]) == pytest.approx(ref_loss_opt3(fc, fh, method.params.temperature), abs=1e-4)
+    assert out.loss.item() == pytest.approx(float(out.metrics["loss_con"]) + method.params.reg_lambda * reg, rel=TOL)
+
+
+def test_sg_opt_in_float64_is_its_equation_to_float64_precision(tiny_bert):
+    """The losses promote to at least float32 (raysent.methods.losses.at_least_float32), never down: SG-OPT with its
+    paper's 4096-wide head, run wholly in float64, gives L^opt3 + λ·L^reg to float64 precision. (With ``.float()``
+    the similarities were cut to float32: the loss here, 5.86 with τ = 0.01, was then 3.6e-7 off its equation.)"""
+    from raysent.methods.sg import SelfGuidedOpt, SGOptParams
+    from raysent.models.encoder import Encoder
+
+    encoder = Encoder.load(tiny_bert)
+    method = SelfGuidedOpt(encoder, SGOptParams()).double()
+    assert method.params.head_width == 4096
+    tok = encoder.tokenizer(SG_SENTENCES, padding=True, return_tensors="pt")
+    batch = {"text": {"input_ids": tok["input_ids"], "attention_mask": tok["attention_mask"]}}
+    method.eval()  # no dropout: the reference below sees the same network
+    with torch.no_grad():
+        out = method(batch)
+        c = method.encoder(**batch["text"])[-1][:, 0]
+        states = method.frozen(**batch["text"], output_hidden_states=True, return_dict=True).hidden_states
+        lengths = tok["attention_mask"].sum(1).tolist()
+        h = torch.stack([torch.stack([layer[i, :lengths[i]].max(dim=0).values for layer in states])
+                         for i in range(len(lengths))])
+        fc, fh = method.head(c), method.head(h)
+    assert out.loss.dtype == torch.float64 and fc.dtype == torch.float64
+    ref = ref_loss_opt3(fc, fh, method.params.temperature)
+    assert ref > 1  # τ = 0.01 scales the similarities by 100: float32 rounding shows
+    assert float(out.metrics["loss_con"]) == pytest.approx(ref, rel=1e-12)
+    assert out.loss.item() == pytest.approx(ref + method.params.reg_lambda * float(out.metrics["loss_reg"]), rel=1e-12)
 
 
 # =========================================================================== 3. NT-Xent (ConSERT Eq. 1)

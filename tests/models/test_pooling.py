@@ -128,3 +128,34 @@ def test_real_encoder_padding_does_not_change_vectors(raw_encoder, name):
         v_alone = raw_encoder.embed(dict(alone), name)[0]
         v_padded = raw_encoder.embed(dict(padded), name)[1]
     torch.testing.assert_close(v_alone, v_padded, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("texts", [["A man plays a guitar.", "Children play football on a sunny beach near the sea."],
+                                   ["one two three", "four five six"]], ids=["padded", "no padding"])
+def test_the_prepared_attention_mask_changes_no_bit(raw_encoder, texts):
+    """raysent hands transformers' SDPA attention a 4D boolean mask (raysent.models.chunked._forward: the 2D mask
+    makes transformers ask ``mask.all()``, a host sync on CUDA, at every forward). Hidden states and gradients are
+    bit for bit those of the 2D mask, with and without padding, dropout on."""
+    from raysent.models.chunked import _forward
+
+    model = raw_encoder.model
+    assert model.config._attn_implementation == "sdpa"
+    batch = dict(raw_encoder.tokenizer(texts, return_tensors="pt", padding=True))
+    model.train()
+    try:
+        runs = []
+        for prepared in (False, True):
+            model.zero_grad(set_to_none=True)
+            torch.manual_seed(0)
+            if prepared:
+                states = _forward(model, batch)
+            else:
+                states = tuple(model(**batch, output_hidden_states=True).hidden_states)
+            sum(h.square().sum() for h in states).backward()
+            runs.append((states, [p.grad.clone() for p in model.parameters() if p.grad is not None]))
+    finally:
+        model.zero_grad(set_to_none=True)
+        model.eval()
+    (plain, g_plain), (four_d, g_four_d) = runs
+    assert all(torch.equal(a, b) for a, b in zip(plain, four_d))
+    assert len(g_plain) > 20 and all(torch.equal(a, b) for a, b in zip(g_plain, g_four_d))
