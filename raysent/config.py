@@ -86,25 +86,33 @@ class TrainConfig(Strict):
     eval_at_start: bool = Field(True, description="evaluate the untuned model at step 0")
     patience: int | None = Field(None, gt=0, description="stop after N evaluations without a new best")
     seed: int = 42
-    precision: Literal["fp32", "bf16", "fp16"] = Field("fp32", description="autocast: bf16 on CPU and GPU; fp16 "
-                                                         "(with a gradient scaler) on GPU only, fp32 on a CPU")
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
+        "auto", description="autocast: auto (bf16 on a CUDA device that supports it, fp32 on a CPU), bf16 (CPU and "
+        "GPU), fp16 (with a gradient scaler; GPU only), fp32")
     gather_negatives: bool = Field(True, description="all-gather embeddings so every worker's loss sees "
                                    "the global batch as negatives (false: local negatives only)")
     bucket_by_length: bool = Field(False, description="group sentences of similar length into the same batches "
                                    "(changes which sentences are each other's negatives, so off by default)")
     # speedups that keep the loss and gradients of a step (raysent.models.chunked, tests/train/test_speedups.py)
-    length_buckets: int = Field(4, ge=1, description="run each batch through the encoder in up to N length "
-                                "buckets, each padded to its own longest row (same loss and gradients, less "
-                                "padding; 1: off)")
+    # auto: resolved per device, once, logged and recorded in result.json (raysent.train.device, docs/performance.md)
+    length_buckets: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
+        "auto", description="run each batch through the encoder in up to N length buckets, each padded to its own "
+        "longest row (same loss and gradients, less padding; 1: off). auto: 4 on a CPU, where padding costs "
+        "compute, 1 on a GPU, where each extra forward costs kernel launches")
     concat_views: bool = Field(True, description="encode all views / fields of a batch in one concatenated "
                                "forward (false: one forward each)")
     cache_views: bool = Field(True, description="sg/sg-opt: compute BERT_F's layer views once per sentence "
                               "before training and look them up (BERT_F never changes)")
-    fused_adamw: bool = Field(True, description="AdamW's fused implementation (one kernel for all parameters; "
-                              "the same update up to float rounding)")
-    huge_pages: bool = Field(True, description="on CPU (Linux): PyTorch puts tensors of 2 MB and more on "
-                             "transparent huge pages (THP_MEM_ALLOC_ENABLE), so the large tensors each step "
-                             "allocates afresh fault in 2 MB at a time instead of 4 KiB (same numbers)")
+    fused_adamw: bool | Literal["auto"] = Field(
+        "auto", description="AdamW's fused implementation (one kernel for all parameters; the same update up to "
+        "float rounding). auto: on, on CPU and GPU")
+    huge_pages: bool | Literal["auto"] = Field(
+        "auto", description="on CPU (Linux): PyTorch puts tensors of 2 MB and more on transparent huge pages "
+        "(THP_MEM_ALLOC_ENABLE), so the large tensors each step allocates afresh fault in 2 MB at a time instead "
+        "of 4 KiB (same numbers). auto: on when training on a CPU, off on a GPU")
+    compile: bool = Field(False, description="torch.compile the encoder, with every batch padded to one of a few "
+                          "fixed widths (powers of two up to max_length) so the compiled graphs are reused; the "
+                          "same loss and gradients (tests/train/test_compile.py), a first steps' compile cost")
     grad_cache_rows: int | None = Field(None, gt=0, description="gradient caching (GradCache): encode the batch "
                                         "in chunks of N rows, so a contrastive batch larger than memory gives "
                                         "the loss and gradients of the whole batch (null: off)")
@@ -251,10 +259,30 @@ class SpaceEntry(Strict):
 
 
 class SchedulerConfig(Strict):
-    type: Literal["asha"] = "asha"
+    type: Literal["asha"] = Field("asha", description="asha: Tune's ASHAScheduler on the seed mean (docs/search.md)")
     grace_period: int = Field(1, gt=0, description="evaluations before a trial can be stopped")
     reduction_factor: float = Field(2.0, gt=1.0)
     max_t: int | None = Field(None, gt=0, description="max evaluations a trial gets (default: all)")
+
+
+# search.algorithm: the name in the YAML is the name in MLflow and the tables; ``optuna`` (the name before 2026-11)
+# is read as ``optuna-tpe``, the sampler it always was (Optuna 5's TPESampler, multivariate by default)
+ALGORITHMS = ("optuna-tpe", "optuna-gp", "random", "grid")
+ALGORITHM_ALIASES = {"optuna": "optuna-tpe"}
+
+
+class PrunerConfig(Strict):
+    """Optuna's WilcoxonPruner over the per-seed dev scores a trial reports (raysent/tune/wilcoxon.py)."""
+
+    type: Literal["wilcoxon"] = Field("wilcoxon", description="wilcoxon: stop a configuration once a one-sided "
+                                      "Wilcoxon signed-rank test over its per-seed dev scores, paired with the best "
+                                      "finished configuration's at the same seed and step, says it is worse "
+                                      "(optuna.pruners.WilcoxonPruner's decision)")
+    p_threshold: float = Field(0.1, gt=0.0, lt=1.0, description="stop when the test's p is below this (Optuna's "
+                               "default 0.1; the test is repeated at every evaluation, so this is not a false-stop "
+                               "rate)")
+    n_startup_steps: int = Field(2, ge=0, description="paired scores needed before a configuration can be stopped "
+                                 "(Optuna's default 2; the test needs at least 2 anyway)")
 
 
 class SearchConfig(Strict):
@@ -262,13 +290,22 @@ class SearchConfig(Strict):
     metric: str = Field("dev_spearman", description="the value the search optimises (mean dev Spearman)")
     mode: Literal["max", "min"] = "max"
     num_samples: int = Field(8, gt=0, description="configurations to try")
-    algorithm: Literal["optuna", "random", "grid"] = "optuna"
-    seed: int = Field(0, description="seed of the search algorithm (Optuna's TPE sampler)")
+    algorithm: Literal["optuna-tpe", "optuna-gp", "random", "grid"] = Field(
+        "optuna-tpe", description="optuna-tpe: Optuna's TPESampler, multivariate (`optuna`, the earlier name, is "
+        "read as optuna-tpe); optuna-gp: Optuna's GPSampler (Gaussian process, for small budgets); random: Optuna's "
+        "RandomSampler; grid: every combination of the 'choice' entries (Tune's grid_search)")
+    seed: int = Field(0, description="seed of the search algorithm (Optuna's sampler)")
+    n_startup_trials: int | None = Field(None, ge=0, description="optuna-tpe, optuna-gp: configurations drawn at "
+                                         "random before the model is used (null: Optuna's default, 10; with "
+                                         "num_samples at or below it, TPE and GP are random search)")
     seeds: int = Field(1, gt=0, description="runs per configuration (different seeds); the search "
                        "sees their mean. With a scheduler, one trial trains all of a configuration's seeds in "
                        "turns and reports their mean dev curve, so the scheduler stops configurations on the "
                        "seed mean (docs/search.md)")
     scheduler: SchedulerConfig | None = None
+    pruner: PrunerConfig | None = Field(None, description="wilcoxon (or {type: wilcoxon, p_threshold, "
+                                        "n_startup_steps}): stop configurations by Optuna's WilcoxonPruner over their "
+                                        "per-seed dev scores; needs search.seeds >= 2, not with search.scheduler")
     max_concurrent_trials: int = Field(1, gt=0)
     warm_start: Literal["paper", "none"] = Field(
         "paper", description="paper: the experiment's own values of the searched entries (its paper defaults) are "
@@ -281,6 +318,61 @@ class SearchConfig(Strict):
                                    "and optimizer state, read only to resume that trial); by default they are "
                                    "deleted once its run record and best model are saved")
 
+    @field_validator("algorithm", mode="before")
+    @classmethod
+    def _alias(cls, v):
+        return ALGORITHM_ALIASES.get(v, v) if isinstance(v, str) else v
+
+    @field_validator("pruner", mode="before")
+    @classmethod
+    def _pruner_name(cls, v):
+        return {"type": v} if isinstance(v, str) else v
+
+    @property
+    def early_stopping(self) -> SchedulerConfig | PrunerConfig | None:
+        """What stops configurations early: the scheduler (ASHA) or the pruner (Wilcoxon), at most one."""
+        return self.scheduler or self.pruner
+
+    def check_with(self, cfg: ExperimentConfig) -> list[tuple[tuple, str]]:
+        """The combinations with the rest of the experiment that cannot work: (field path, message) each."""
+        out: list[tuple[tuple, str]] = []
+        if self.algorithm == "grid" and any(e.type != "choice" for e in self.space.values()):
+            bad = [n for n, e in self.space.items() if e.type != "choice"]
+            out.append((("search", "algorithm"), f"grid needs 'choice' entries only; not: {', '.join(bad)} (their "
+                        f"type: {', '.join(self.space[b].type for b in bad)}); allowed: make them 'choice' entries "
+                        "with values, or algorithm optuna-tpe, optuna-gp or random"))
+        if self.algorithm == "grid" and self.n_startup_trials is not None:
+            out.append((("search", "n_startup_trials"), f"got {self.n_startup_trials}: it is for optuna-tpe and "
+                        "optuna-gp (the random draws before their model is used); algorithm grid tries every point; "
+                        "allowed: null"))
+        p = self.pruner
+        if p is None:
+            return out
+        if self.scheduler is not None:
+            return [(("search", "pruner"), f"{p.type} and search.scheduler ({self.scheduler.type}) both stop "
+                     "configurations early; allowed: one of them (remove search.scheduler or search.pruner)")]
+        if self.seeds < 2:
+            return [(("search", "pruner"), f"{p.type} tests a configuration's per-seed dev scores against the best "
+                     f"one's, so it needs search.seeds >= 2, got search.seeds {self.seeds}; allowed: search.seeds >= 2 "
+                     "(3 or more gives the test power), or no pruner (search.scheduler: {type: asha} stops on one "
+                     "seed)")]
+        # WilcoxonPruner's smallest one-sided p over k pairs is 1/2^k: the pairs a configuration has before its
+        # last evaluation (each seed's evaluations after step 0, which is the untouched encoder) must reach it
+        t = cfg.train
+        if t.max_steps:
+            before_end = max(0, math.ceil(t.max_steps / t.eval_every) - 1)
+            pairs = before_end * self.seeds
+            needed = max(2, p.n_startup_steps, math.floor(math.log2(1 / p.p_threshold)) + 1)
+            if pairs < needed:
+                out.append((("search", "pruner"), f"wilcoxon can never stop a configuration: before its last "
+                            f"evaluation it has {pairs} paired per-seed scores ({self.seeds} seed(s) x {before_end} "
+                            f"evaluation(s) after step 0: train.max_steps {t.max_steps}, train.eval_every "
+                            f"{t.eval_every}), and the test needs {needed} (the exact one-sided Wilcoxon's smallest "
+                            f"p over k pairs is 1/2^k, below p_threshold {p.p_threshold} from k = {needed}; "
+                            f"n_startup_steps {p.n_startup_steps}); allowed: more search.seeds, a smaller "
+                            "train.eval_every, a larger search.pruner.p_threshold, or no pruner"))
+        return out
+
     @model_validator(mode="after")
     def _conditions(self):
         for name, entry in self.space.items():
@@ -291,15 +383,19 @@ class SearchConfig(Strict):
                     raise ValueError(f"space.{name}.when refers to {ref!r}, which is not a 'choice' entry")
                 if ref == name:
                     raise ValueError(f"space.{name}.when refers to itself")
-        if self.algorithm == "grid" and any(e.type != "choice" for e in self.space.values()):
-            bad = [n for n, e in self.space.items() if e.type != "choice"]
-            raise ValueError(f"algorithm 'grid' needs 'choice' entries only; not: {', '.join(bad)}")
         return self
+
+
+GPUS_ALLOWED = ('"auto" (1 when the Ray cluster has GPUs, else 0), or a number >= 0: a fraction up to 1 (0.25: four '
+                "trials share a GPU) or a whole number")
 
 
 class ResourcesConfig(Strict):
     workers: int | None = Field(None, gt=0, description="Ray Train workers (null: train in this process)")
-    gpus_per_worker: float = Field(0.0, ge=0.0)
+    gpus_per_worker: float | Literal["auto"] = Field(
+        "auto", description="GPUs of each Ray Train worker, or of each trial that trains in its own process. auto: 1 "
+        "when the Ray cluster has GPUs (resolved once, when the run starts, logged and recorded), else 0; a fraction "
+        "(0.25) shares a GPU between trials; 0 trains on the CPU, the trial then sees no GPU (raysent.train.resources)")
     cpus_per_worker: float = Field(1.0, gt=0.0)
     trial_cpus: float = Field(0.1, gt=0.0, description="CPUs of each Tune trial's own driver")
     max_failures: int = Field(0, ge=0, description="worker failures Ray Train recovers from")
@@ -307,6 +403,25 @@ class ResourcesConfig(Strict):
                                      "default results/<name>/ray")
     address: str | None = Field(None, description="Ray cluster address (auto, ray://host:10001); "
                                 "default local (or RAY_ADDRESS)")
+
+    @field_validator("gpus_per_worker", mode="before")
+    @classmethod
+    def _gpus(cls, v, info):
+        if v == "auto":
+            return v
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise ValueError(f"allowed: {GPUS_ALLOWED}")
+        if v < 0:
+            raise ValueError(f"a negative number; allowed: {GPUS_ALLOWED}")
+        if v > 1 and v != int(v):
+            raise ValueError("a share of a GPU is at most 1, and more than one GPU is a whole number; "
+                             f"allowed: {GPUS_ALLOWED}")
+        workers = info.data.get("workers")
+        if workers and workers > 1 and 0 < v < 1:
+            raise ValueError(f"a share of a GPU with resources.workers={workers}: the workers of one run form one NCCL "
+                             "group, which cannot hold two workers on one GPU; allowed: 1 or more whole GPUs per "
+                             "worker, or resources.workers: 1 (or null) for a share of a GPU")
+        return float(v)
 
 
 class TrackingConfig(Strict):
@@ -457,6 +572,7 @@ def _allowed_keys(method_cls) -> dict[tuple, list[str]]:
         ("tracking",): list(TrackingConfig.model_fields),
         ("eval",): list(EvalConfig.model_fields),
         ("search", "scheduler"): list(SchedulerConfig.model_fields),
+        ("search", "pruner"): list(PrunerConfig.model_fields),
     }
     if method_cls is not None:
         keys[("params",)] = list(method_cls.Params.model_fields)
@@ -551,15 +667,26 @@ def _cross_checks(cfg: ExperimentConfig, method_cls, source: str, root, check_se
     if cfg.train.grad_cache_rows and not method_cls.supports_grad_cache:
         fail(("train", "grad_cache_rows"), f"got {cfg.train.grad_cache_rows}: method {cfg.method} does not support "
              "gradient caching (its augmentations act inside the encoder, row by row); allowed: null")
+    if cfg.train.compile and cfg.train.length_buckets not in ("auto", 1):
+        fail(("train", "length_buckets"), f"got {cfg.train.length_buckets}: train.compile pads every batch to a few "
+             "fixed widths for the compiled graphs; length buckets would give each piece its own width; allowed "
+             "with compile: auto or 1")
+    if cfg.train.compile and cfg.train.grad_cache_rows:
+        fail(("train", "grad_cache_rows"), f"got {cfg.train.grad_cache_rows}: gradient caching trims each chunk to "
+             "its own widest row, a new shape for the compiled graph at every chunk; allowed with train.compile: null")
     if cfg.resources.workers and cfg.train.batch_size % cfg.resources.workers:
         fail(("train", "batch_size"), f"got {cfg.train.batch_size}: the global batch must split evenly over "
              f"resources.workers={cfg.resources.workers}")
     if not cfg.seeds:
         fail(("seeds",), "at least one seed is needed")
-    if cfg.search is not None and cfg.search.scheduler is not None and cfg.search.seeds > 1 and cfg.resources.workers:
-        fail(("resources", "workers"), f"got {cfg.resources.workers}: with search.scheduler and search.seeds > 1 a "
+    if (cfg.search is not None and cfg.search.early_stopping is not None and cfg.search.seeds > 1
+            and cfg.resources.workers):
+        what = "search.scheduler" if cfg.search.scheduler is not None else "search.pruner"
+        fail(("resources", "workers"), f"got {cfg.resources.workers}: with {what} and search.seeds > 1 a "
              "trial trains its configuration's seeds in turns in its own process; allowed: null (each trial "
-             "still gets resources.gpus_per_worker), or search.seeds: 1, or no scheduler")
+             f"still gets resources.gpus_per_worker), or search.seeds: 1, or no {what.split('.')[1]}")
+    for path, msg in (cfg.search.check_with(cfg) if cfg.search is not None else []):
+        fail(path, msg)
     if cfg.search is not None and check_search:
         names = hyperparameter_names(cfg)
         for key, entry in cfg.search.space.items():

@@ -53,12 +53,12 @@ def batch_sizes(cfg: ExperimentConfig) -> list[int]:
     return sorted(sizes)
 
 
-def trial_resources(cfg: ExperimentConfig) -> dict[str, float]:
-    """What one run (one Tune trial) asks Ray for, in all."""
-    r = cfg.resources
-    if r.workers:
-        return {"CPU": r.trial_cpus + r.workers * r.cpus_per_worker, "GPU": r.workers * r.gpus_per_worker}
-    return {"CPU": r.cpus_per_worker, "GPU": r.gpus_per_worker}
+def trial_resources(cfg: ExperimentConfig, cluster_gpus: float | None = None) -> dict[str, float]:
+    """What one run (one Tune trial) asks Ray for, in all (``gpus_per_worker: auto`` as on a cluster with
+    ``cluster_gpus`` GPUs; 0 when not known)."""
+    from raysent.train.resources import gpus_per_worker, run_resources
+
+    return run_resources(cfg, gpus_per_worker(cfg, cluster_gpus) or 0.0)
 
 
 def connected_ray() -> ModuleType | None:
@@ -70,24 +70,28 @@ def connected_ray() -> ModuleType | None:
 
 def available_resources() -> tuple[dict[str, float], str]:
     """CPUs and GPUs of the Ray this process is connected to, else of this machine; and where they were read."""
-    ray = connected_ray()
-    if ray is not None:
-        res = ray.cluster_resources()
-        return {"CPU": float(res.get("CPU", 0)), "GPU": float(res.get("GPU", 0))}, "the Ray cluster"
-    import torch
+    from raysent.train.resources import connected_cluster, this_machine
 
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return {"CPU": float(os.cpu_count() or 1), "GPU": float(gpus)}, "this machine"
+    cluster = connected_cluster()
+    return (cluster, "the Ray cluster") if cluster is not None else (this_machine(), "this machine")
 
 
-def check_resources(cfg: ExperimentConfig) -> dict[str, Any]:
-    """Whether one trial's resources exist; a cluster joined by address may grow (autoscaler), so there a
-    shortfall is a note, not an error. Returns what was checked; raises on a local shortfall."""
-    need = trial_resources(cfg)
+def check_resources(cfg: ExperimentConfig, one_run: bool = False) -> dict[str, Any]:
+    """Whether one trial's resources exist, where each trial trains and how many run at once; a cluster joined by
+    address may grow (autoscaler), so there a shortfall is a note, not an error. Returns what was checked; raises
+    on a local shortfall. ``one_run``: `raysent train`, which without ``resources.workers`` trains in its own
+    process, without Ray, on the device it sees."""
+    from raysent.train.resources import placement
+
     remote = bool(cfg.resources.address or os.environ.get("RAY_ADDRESS"))
     if remote and connected_ray() is None:
-        return {"per trial": need, "available": "not checked (a Ray cluster is joined only when the run starts)"}
+        place = placement(cfg, None, "the Ray cluster")
+        return {"per trial": place.per_trial or trial_resources(cfg), "gpus_per_worker": place.gpus(),
+                "trains on": place.device,
+                "available": "not checked (a Ray cluster is joined only when the run starts)"}
     have, where = available_resources()
+    place = placement(cfg, have, where)
+    need = place.per_trial or trial_resources(cfg)
     per = {"CPU": "cpus_per_worker", "GPU": "gpus_per_worker"}
     asked = {k: (f"resources.trial_cpus + workers × {per[k]}" if k == "CPU" else f"resources.workers × {per[k]}")
              if cfg.resources.workers else f"resources.{per[k]}" for k in per}
@@ -96,7 +100,13 @@ def check_resources(cfg: ExperimentConfig) -> dict[str, Any]:
         raise PreflightError("resources: one trial asks for more than there is: " + "; ".join(short)
                              + ". Lower resources.workers / cpus_per_worker / gpus_per_worker, or join a bigger "
                              "Ray cluster (--address or resources.address)")
-    out: dict[str, Any] = {"per trial": need, "available": {**have, "in": where}}
+    out: dict[str, Any] = {"per trial": need, "available": {**have, "in": where}, "gpus_per_worker": place.gpus(),
+                           "trains on": place.device}
+    if one_run and not cfg.resources.workers:
+        out["trains on"] = (f"{'cuda' if have['GPU'] else 'the CPU'} in this process (without resources.workers "
+                            "`raysent train` starts no Ray: it trains on the device it sees)")
+    elif place.at_once is not None and not short:
+        out["trials at once"] = f"{place.at_once} ({place.limit})"
     if short:
         out["note"] = ("more than the cluster has now: it waits for the autoscaler to add nodes; "
                        + "; ".join(short))
@@ -228,7 +238,8 @@ def preflight(cfg: ExperimentConfig, resources: bool = True, output_dir: bool = 
         except RaysentError as exc:
             problems.append(str(exc))
     checks = {"results": lambda c: check_writable(c.tracking.results_dir, "tracking.results_dir"),
-              "data": check_data, "ray": check_address, "resources": check_resources if resources else None,
+              "data": check_data, "ray": check_address,
+              "resources": (lambda c: check_resources(c, one_run=output_dir)) if resources else None,
               "mlflow": check_mlflow_store if mlflow else None}
     if output_dir:
         checks["output"] = lambda c: check_writable(c.output_dir(), "train.output_dir")

@@ -45,6 +45,7 @@ from raysent.train import run as in_process
 from raysent.train.gather import DistributedGatherer
 from raysent.train.loop import BEST_DIR, STATE_FILE, TrainHooks, format_eval, link_tree
 from raysent.train.records import TrainSummary, read_summary
+from raysent.train.resources import HIDE_ON_ZERO, claim_devices, resolve, resolved, train_worker_resources
 from raysent.train.run import finish, stage_dirs, stderr, train_once, train_stages
 
 # Lazy imports: pyarrow, ray (heavy, and only the functions that need them import them).
@@ -234,6 +235,7 @@ def train_worker(config: dict) -> None:
     """The train function of every Ray Train worker (:func:`make_trainer`'s): :func:`raysent.train.run.train_once`,
     as in process, with :class:`RayHooks`."""
     entered = time.time()
+    claim_devices()  # given no GPU, it sees none (before anything below touches CUDA)
     for key, value in config.get("env", {}).items():
         # a node with its own copy of the data (cluster setup) keeps it; paths that exist here win
         if key not in os.environ or not key.endswith("_DIR") or os.path.exists(value):
@@ -261,8 +263,10 @@ def train_worker(config: dict) -> None:
 #   CAP_SYS_NICE), so it is set before the raylet starts.
 # * Train's controller polls its workers every 0.5 s instead of 2 s: a finished or failed worker is noticed sooner.
 # * no spot-preemption watcher actor: a local machine is not preempted, and every idle Ray process takes CPU.
+# * RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=1: a process that asked for no GPU is hidden from the GPUs again, as before
+#   Ray 2.5x (raysent.train.resources: resources are claimed, never borrowed).
 LOCAL_RAY_ENV = {"RAY_worker_niceness": "0", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",
-                 "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
+                 "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0", **HIDE_ON_ZERO}
 
 
 def init_ray(cfg: ExperimentConfig, log_to_driver: bool = True, **local) -> None:
@@ -337,13 +341,13 @@ def make_trainer(cfg: ExperimentConfig, resume: bool = False, quiet: bool = Fals
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
+    cfg = resolved(cfg)  # a number already when the driver resolved it (raysent tune, raysent train)
     r = cfg.resources
     workers = r.workers or 1
     if cfg.train.batch_size % workers:
         raise RaysentError(f"train.batch_size {cfg.train.batch_size} does not split evenly over "
                            f"resources.workers={workers}; use a multiple of {workers}")
-    use_gpu = r.gpus_per_worker > 0
-    per_worker = {"CPU": r.cpus_per_worker, **({"GPU": r.gpus_per_worker} if use_gpu else {})}
+    use_gpu, per_worker = train_worker_resources(cfg)
     storage, name = run_location(cfg)
     if not resume:
         delete_run(storage, name)
@@ -411,6 +415,7 @@ def train_one_with_ray(cfg: ExperimentConfig, resume: bool = False, quiet: bool 
     from ray.train import TrainingFailedError
 
     t0 = time.time()
+    cfg = resolved(cfg)  # its result.json records the number
     trainer = make_trainer(cfg, resume=resume, quiet=quiet, callbacks=callbacks)
     # fit() in the main thread installs a Ctrl-C handler that aborts its run, and leaves it installed: it would
     # swallow a later Ctrl-C and keep the finished run's controller actor alive (polling) for as long as the
@@ -431,5 +436,8 @@ def train_one_with_ray(cfg: ExperimentConfig, resume: bool = False, quiet: bool 
 def train_with_ray(cfg: ExperimentConfig, resume: bool = False, quiet: bool = False) -> TrainSummary:
     """`raysent train` with resources.workers: every stage of the method through Ray Train."""
     init_ray(cfg)
+    cfg, place = resolve(cfg)  # resources.gpus_per_worker auto, once: its number is in every stage's result.json
+    if not quiet:
+        stderr(f"resources.gpus_per_worker {place.gpus()}: the run trains on {place.device}")
     return train_stages(cfg, lambda c: train_one_with_ray(c, resume, quiet), resume=resume,
                         log=(lambda m: None) if quiet else stderr)

@@ -3,22 +3,31 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
+import os
 import shutil
 import sys
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from raysent.config import ExperimentConfig, with_overrides
-from raysent.data import load
+from raysent.data import load, parse_spec
 from raysent.data.batching import TokenizedData
 from raysent.io import write_json_atomic
 from raysent.methods import Method, get_method
 from raysent.methods.base import PREVIOUS_STAGE_BEST
+from raysent.models import cache as encoder_cache
+from raysent.models.cache import load_encoder
 from raysent.models.encoder import Encoder
+from raysent.train.device import default_device
+from raysent.train.device import resolve as resolve_settings
 from raysent.train.loop import TrainHooks, run_training, set_seed
 from raysent.train.memory import use_huge_pages
 from raysent.train.records import TrainSummary, read_summary
@@ -29,22 +38,109 @@ log = logging.getLogger("raysent.train")
 def build_method(cfg: ExperimentConfig) -> Method:
     # the heads (SimCSE's MLP, SG's projection, the layer-attention pooler, the NLI classifier) are
     # initialised here: seeded, so a run is reproducible and the same on every worker
-    if cfg.train.huge_pages:
+    if resolve_settings(cfg.train, default_device()).huge_pages:  # auto: on a CPU only (raysent.train.device)
         use_huge_pages()  # before the model's weights: PyTorch reads its switch at the first large tensor
     set_seed(cfg.train.seed)
-    encoder = Encoder.load(cfg.model.name, dropout=cfg.model.dropout)
+    # read from disk once per process that reuses runs (reuse_across_runs): a fresh copy, the same weights and heads
+    encoder = load_encoder(cfg.model.name, dropout=cfg.model.dropout)
     return get_method(cfg.method)(encoder, cfg.method_params)
+
+
+# --------------------------------------------------------------------------- what the next run of this process reuses
+# A process that trains one run after another (a Tune trial process that Tune reuses for the next trial) reads the
+# model from disk once (raysent.models.cache), and reads and tokenizes each training set once: the data read and
+# the tokenized data, keyed by everything that decides them (data spec, max_train_samples, the tokenizer's files,
+# max length, the texts and extras the method takes), are kept for the next run (the TOKENIZED_KEPT used last).
+# Off by default: a process that trains once would only hold them longer.
+TOKENIZED_KEPT = 2
+_reuse = False
+_tokenized: OrderedDict[tuple, TokenizedData] = OrderedDict()
+_loaded: OrderedDict[tuple, Any] = OrderedDict()  # the data sets read (training_data)
+_tokenized_lock = threading.Lock()
+
+
+def reuse_across_runs(on: bool = True) -> None:
+    """Keep the model read from disk and the tokenized training data for the next run of this process (each run
+    gets its own copy of the weights, and the same tokens it would tokenize itself); ``on=False``: stop and
+    forget them."""
+    global _reuse
+    encoder_cache.enable(on)
+    with _tokenized_lock:
+        _reuse = on
+        if not on:
+            _tokenized.clear()
+            _loaded.clear()
+
+
+def texts_digest(fields: dict[str, list[str]], extras: dict[str, Any]) -> str:
+    """A digest of the texts to tokenize and the per-example extras (what a method's ``fields`` gives)."""
+    h = hashlib.blake2b(digest_size=20)
+    for name, texts in fields.items():
+        h.update(f"{name}\x00{len(texts)}\x00".encode())
+        h.update("\x00".join(texts).encode("utf-8", "surrogatepass"))
+    for name, values in extras.items():
+        arr = np.asarray(values)
+        h.update(f"\x01{name}\x00{arr.dtype}\x00{arr.shape}\x00".encode())
+        h.update(repr(arr.tolist()).encode() if arr.dtype == object else np.ascontiguousarray(arr).tobytes())
+    return h.hexdigest()
+
+
+def tokenize(fields: dict[str, list[str]], extras: dict[str, Any], encoder: Encoder, max_length: int,
+             spec: tuple = ()) -> TokenizedData:
+    """``TokenizedData(fields, encoder.tokenizer, max_length, extras)``; with :func:`reuse_across_runs`, once per
+    process for the same data spec (``spec``), tokenizer (its files), max length and texts."""
+    if not _reuse:
+        return TokenizedData(fields, encoder.tokenizer, max_length, extras)
+    tokenizer = encoder.tokenizer
+    key = (*spec, encoder_cache.signature(encoder.source), type(tokenizer).__name__, len(tokenizer), max_length,
+           texts_digest(fields, extras))
+    with _tokenized_lock:
+        kept = _tokenized.get(key)
+        if kept is not None:
+            _tokenized.move_to_end(key)
+            return kept
+    tok = TokenizedData(fields, tokenizer, max_length, extras)
+    with _tokenized_lock:
+        if _reuse:
+            _tokenized[key] = tok
+            while len(_tokenized) > TOKENIZED_KEPT:
+                _tokenized.popitem(last=False)
+    return tok
+
+
+def training_data(spec: str, kind: str, max_train_samples: int | None) -> Any:
+    """The training data set ``spec`` as ``kind``, cut to ``max_train_samples``; with :func:`reuse_across_runs`,
+    read once per process (for the same data folder and, for ``path:FILE``, the same file): the runs read it,
+    never change it."""
+    key: tuple = ()
+    if _reuse:
+        name, parts = parse_spec(spec)
+        key = (spec, kind, max_train_samples, os.environ.get("RAYSENT_DATA_DIR"),
+               encoder_cache.signature(parts[0]) if name == "path" else ())
+        with _tokenized_lock:
+            kept = _loaded.get(key)
+            if kept is not None:
+                _loaded.move_to_end(key)
+                return kept
+    data = load(spec, kind)
+    if max_train_samples is not None and max_train_samples < len(data):
+        data = _subset(data, max_train_samples)
+    with _tokenized_lock:
+        if _reuse and key:
+            _loaded[key] = data
+            while len(_loaded) > TOKENIZED_KEPT:
+                _loaded.popitem(last=False)
+    return data
 
 
 def prepare_data(cfg: ExperimentConfig, method: Method) -> tuple[TokenizedData, np.ndarray | None, dict]:
     """Tokenized training data, the grouping of examples (or None), and a description for the record."""
     assert cfg.data.train is not None, "parse_config gives every run its training data"
-    data = load(cfg.data.train, method.data_kind(method.params))
-    if cfg.data.max_train_samples is not None and cfg.data.max_train_samples < len(data):
-        data = _subset(data, cfg.data.max_train_samples)
+    kind = method.data_kind(method.params)
+    data = training_data(cfg.data.train, kind, cfg.data.max_train_samples)
     fields, extras = method.fields(data)
     max_len = min(cfg.train.max_length, method.encoder.max_positions)
-    tok = TokenizedData(fields, method.encoder.tokenizer, max_len, extras)
+    tok = tokenize(fields, extras, method.encoder, max_len, spec=(cfg.data.train, kind, cfg.data.max_train_samples))
     info = {"spec": cfg.data.train, "examples": len(tok), "source": data.source,
             "transductive": data.transductive, "notes": list(data.notes)}
     return tok, method.groups(data), info

@@ -88,9 +88,20 @@ def estimate_seconds(cfg: ExperimentConfig, arm: str, est: Estimate) -> dict:
             + math.ceil(final / conc) * (train + est.test_eval_seconds)
             + est.phase_overhead_seconds * (2 if search else 1))
     r = cfg.resources
-    gpus = (r.workers or 1) * r.gpus_per_worker
+    gpus = (r.workers or 1) * planned_gpus(cfg)
     return {"search_runs": search, "final_runs": final, "steps_per_run": steps, "seconds": wall,
             "gpu_seconds": run_seconds * gpus}
+
+
+def planned_gpus(cfg: ExperimentConfig) -> float:
+    """``resources.gpus_per_worker``, ``auto`` as it resolves on the Ray this process is connected to, else on this
+    machine (raysent.train.resources)."""
+    if cfg.resources.gpus_per_worker != "auto":
+        return float(cfg.resources.gpus_per_worker)
+    from raysent.preflight import available_resources
+    from raysent.train.resources import auto_gpus
+
+    return auto_gpus(available_resources()[0]["GPU"])
 
 
 def rough_estimate(cfg: ExperimentConfig, searched: bool) -> dict[str, Any]:

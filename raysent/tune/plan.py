@@ -32,6 +32,7 @@ class SearchPlan:
     seeds: list[int]  # each configuration's seeds
     together: bool  # one trial trains a configuration's seeds in turns (a scheduler stops them on their mean)
     configurations: int
+    startup_note: str = ""  # TPE or GP that draws every configuration at random (search.n_startup_trials)
 
     @property
     def runs(self) -> int:
@@ -60,9 +61,17 @@ class SearchPlan:
             points = grid(s.space)
             if warm is not None:
                 points = [warm, *(p for p in points if p != warm)]
+        startup = ""
+        if s.algorithm in ("optuna-tpe", "optuna-gp"):
+            n = 10 if s.n_startup_trials is None else s.n_startup_trials  # Optuna's default for both
+            if n >= s.num_samples:
+                startup = (f"{s.algorithm} draws its first {n} configurations at random (search.n_startup_trials"
+                           f"{'' if s.n_startup_trials is not None else ': null, Optuna default 10'}) and this search "
+                           f"tries {s.num_samples}: it is random search; set search.n_startup_trials below "
+                           "num_samples for the model to choose any")
         return cls(algorithm=s.algorithm, warm=warm, warm_note=note, points=points, seeds=search_seeds(cfg),
                    together=seeds_in_one_trial(cfg),
-                   configurations=len(points) if points is not None else s.num_samples)
+                   configurations=len(points) if points is not None else s.num_samples, startup_note=startup)
 
 
 class _Plan(BaseModel):
@@ -79,6 +88,9 @@ class SearchPart(_Plan):
     metric: str
     space: dict[str, dict[str, Any]]
     scheduler: dict[str, Any] | None
+    pruner: dict[str, Any] | None = None
+    n_startup_trials: int | str | None = None
+    note: str | None = None
     max_concurrent_trials: int
 
 
@@ -97,7 +109,7 @@ class DryRun(_Plan):
     train_data: str | None
     search: SearchPart | None
     final: FinalPart
-    resources: dict[str, Any] = Field(alias="resources per trial")
+    resources: dict[str, Any]  # what a trial asks for, the device it trains on, trials at once (resources_part)
     results: str
     run_records: str = Field(alias="run records")
     trial_checkpoints: str = Field(alias="trial checkpoints")
@@ -108,26 +120,57 @@ class DryRun(_Plan):
         return self.model_dump(by_alias=True, mode="json")
 
 
+def resources_part(cfg: ExperimentConfig, search_trials: int | None) -> dict[str, Any]:
+    """What each trial asks for, the device it trains on and how many trials run at once in each phase, on the Ray
+    this process is connected to, else on this machine (a local Ray), else (a cluster joined by address) as far as
+    the config tells."""
+    from raysent.preflight import available_resources
+    from raysent.train.resources import placement
+
+    r = cfg.resources
+    remote = bool(r.address or os.environ.get("RAY_ADDRESS"))
+    cluster, where = available_resources()
+    if remote and where != "the Ray cluster":
+        cluster, where = None, "the Ray cluster"
+    final = placement(cfg, cluster, where, trials=len(cfg.seeds))
+    gpus: Any = final.gpus()
+    out: dict[str, Any] = ({"trial driver CPU": r.trial_cpus, "Ray Train workers": r.workers,
+                            "CPU per worker": r.cpus_per_worker, "GPU per worker": gpus}
+                           if r.workers else {"CPU": r.cpus_per_worker, "GPU": gpus})
+    out["trains on"] = final.device
+    phases = ([("search", placement(cfg, cluster, where, trials=search_trials))] if search_trials else []) + [
+        ("final", final)]
+    at_once = {name: f"{p.at_once} ({p.limit})" for name, p in phases if p.at_once is not None}
+    out["trials at once"] = at_once or f"not known until the run joins the cluster ({where})"
+    if cluster is not None:
+        out["cluster"] = {**cluster, "in": where}
+    return out
+
+
 def dry_run(cfg: ExperimentConfig, exp: Path, final_only: bool = False) -> DryRun:
-    s, r = cfg.search, cfg.resources
+    s = cfg.search
     searched = not final_only and s is not None
-    per_trial = ({"trial driver CPU": r.trial_cpus, "Ray Train workers": r.workers,
-                  "CPU per worker": r.cpus_per_worker, "GPU per worker": r.gpus_per_worker}
-                 if r.workers else {"CPU": r.cpus_per_worker, "GPU": r.gpus_per_worker, "trains": "in the trial"})
     search = None
+    search_trials = None
     if searched and s is not None:
         p = SearchPlan.of(cfg)
+        search_trials = p.trials
         search = SearchPart(
             algorithm=s.algorithm, configurations=p.configurations, first=p.warm or "none",
-            seeds_per_configuration=(f"{s.seeds} (in one trial, in turns: the scheduler stops configurations on "
-                                     "their seed mean)" if p.together else s.seeds),
+            seeds_per_configuration=(f"{s.seeds} (in one trial, in turns: the "
+                                     + ("scheduler stops configurations on their seed mean)" if s.scheduler else
+                                        "pruner tests their per-seed scores)") if p.together else s.seeds),
             trials=p.trials, runs=p.runs, metric=f"{s.metric} ({s.mode})",
             space={k: {f: v for f, v in e.model_dump().items() if v is not None} for k, e in s.space.items()},
-            scheduler=s.scheduler.model_dump() if s.scheduler else None, max_concurrent_trials=s.max_concurrent_trials)
+            scheduler=s.scheduler.model_dump() if s.scheduler else None,
+            pruner=s.pruner.model_dump() if s.pruner else None,
+            n_startup_trials=(s.n_startup_trials if s.n_startup_trials is not None else "Optuna's default (10)")
+            if s.algorithm in ("optuna-tpe", "optuna-gp") else None,
+            note=p.startup_note or None, max_concurrent_trials=s.max_concurrent_trials)
     return DryRun(
         experiment=exp.name, method=cfg.method, model=cfg.model.name, train_data=cfg.data.train, search=search,
         final=FinalPart(seeds=list(cfg.seeds), runs=len(cfg.seeds), evaluation=list(cfg.eval.tasks)),
-        resources=per_trial, results=str(exp), run_records=str(exp / "runs"),
+        resources=resources_part(cfg, search_trials), results=str(exp), run_records=str(exp / "runs"),
         trial_checkpoints=("kept" if s is not None and s.keep_checkpoints else
                            "deleted once a trial's record and best model are saved (search.keep_checkpoints)"),
         mlflow=redact(tracking_uri(cfg)) if cfg.tracking.enabled else "off",

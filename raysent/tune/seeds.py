@@ -36,6 +36,7 @@ import numpy as np
 from raysent.config import ExperimentConfig, parse_config
 from raysent.train.loop import TrainHooks, rng_state, set_rng_state
 from raysent.train.records import RunRecord, TrainSummary, read_record
+from raysent.train.resources import claim_devices
 from raysent.train.run import train_in_process
 from raysent.tune.trial import (
     RECORD_KEY,
@@ -118,6 +119,7 @@ class SeedHooks(TrainHooks):
 
     def __init__(self, output_dir, resume: bool = False, quiet: bool = False, *, run: SeedRun, baton: Baton):
         super().__init__(output_dir, resume=resume, quiet=quiet)
+        self.device = claim_devices()  # the GPU Ray gave this trial, else the CPU (whatever torch saw before)
         self.run, self.baton = run, baton
 
     def report(self, metrics: dict, checkpoint_dir) -> None:

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from raysent.errors import RaysentError
 from raysent.io import write_json_atomic
+from raysent.report.budget import BudgetCurve
 
 STATE_FILE = "state.json"
 SUMMARY_FILE = "summary.json"
@@ -162,6 +163,9 @@ class SearchState(_Model):
     published: Published | None = None
     logged_models: dict[str, LoggedModel] = Field(default_factory=dict)  # by seed, as they are logged
     registered: Registered | None = None
+    # what its trials were given (raysent.train.resources.Placement.record): gpus_per_worker as resolved, the device
+    # each trial trains on, trials at once; of the search's latest start (a --resume may run on another cluster)
+    resources: dict[str, Any] | None = None
 
     @classmethod
     def load(cls, exp: Path) -> SearchState | None:
@@ -198,8 +202,10 @@ class Summary(_Model):
     mlflow: str | None = None
     mlflow_runs_url: str | None = None
     wall_seconds: float | None = None
+    budget: BudgetCurve | None = None  # the search's budget curve (raysent.report.budget)
     published: Published | None = None
     publish_error: str | None = None
+    resources: dict[str, Any] | None = None  # what the trials were given (SearchState.resources)
 
     def save(self, exp: Path) -> None:
         write_json_atomic(exp / SUMMARY_FILE, portable(self.model_dump(mode="json"), exp))

@@ -29,7 +29,8 @@ from raysent.train.loop import TrainHooks
 from raysent.train.memory import release_freed_memory
 from raysent.train.ray_train import delete_checkpoints, train_one_with_ray
 from raysent.train.records import RunRecord, TrainSummary, diverged, learned, read_record
-from raysent.train.run import train_in_process, train_stages
+from raysent.train.resources import claim_devices
+from raysent.train.run import reuse_across_runs, train_in_process, train_stages
 from raysent.tune.space import config_id, decode
 
 if TYPE_CHECKING:
@@ -77,6 +78,7 @@ class TuneHooks(TrainHooks):
 
     def __init__(self, output_dir, resume: bool = False, quiet: bool = False, live: LiveRun | None = None):
         super().__init__(output_dir, resume=resume, quiet=quiet)
+        self.device = claim_devices()  # the GPU Ray gave this trial, else the CPU (whatever torch saw before)
         self.live = live
 
     def report(self, metrics: dict, checkpoint_dir) -> None:
@@ -112,10 +114,11 @@ def search_seed(cfg: ExperimentConfig, index: int) -> int:
 
 def seeds_in_one_trial(cfg: ExperimentConfig) -> bool:
     """Whether a search trial trains all of its configuration's seeds (:mod:`raysent.tune.seeds`): with a
-    scheduler and ``search.seeds`` > 1, so the scheduler stops configurations on their seed mean. Otherwise
-    a trial is one (configuration, seed) and Tune's ``Repeater`` gives the searcher the mean."""
+    scheduler and ``search.seeds`` > 1, so the scheduler stops configurations on their seed mean, or with a pruner
+    (Wilcoxon over the per-seed scores). Otherwise a trial is one (configuration, seed) and Tune's ``Repeater``
+    gives the searcher the mean."""
     s = cfg.search
-    return s is not None and s.scheduler is not None and s.seeds > 1
+    return s is not None and s.early_stopping is not None and s.seeds > 1
 
 
 def search_seeds(cfg: ExperimentConfig) -> list[int]:
@@ -258,9 +261,14 @@ def drop_checkpoints(cfg: ExperimentConfig) -> None:
 
 # --------------------------------------------------------------------------- the trial
 def prepare_process(ctx: TrialContext) -> None:
-    """What a trial's process does before its trial: hand back the memory the trial before it freed (Tune reuses
-    the process, reuse_trial_processes), end quietly when Ray ends it, and take the driver's data folders."""
+    """What a trial's process does before its trial: claim the devices Ray gave it and no others (given no GPU,
+    it sees none: :func:`~raysent.train.resources.claim_devices`, before anything touches CUDA), hand back the
+    memory the trial before it freed (Tune reuses the process, reuse_trial_processes) and keep what the next trial
+    can reuse (the model read from disk, the tokenized data: :func:`~raysent.train.run.reuse_across_runs`), end
+    quietly when Ray ends it, and take the driver's data folders."""
+    claim_devices()
     release_freed_memory()
+    reuse_across_runs()
     sys.unraisablehook = quiet_exit
     for key, value in ctx.env.items():
         if key not in os.environ or os.path.exists(value):

@@ -347,6 +347,13 @@ def test_warm_start_tries_the_papers_setting_first_and_compares_the_best_with_it
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'results' / 'mlflow.db'}")
     exp_id = client.get_experiment_by_name("warm").experiment_id
     parent = client.get_run(json.loads((exp / "state.json").read_text())["parent_run_id"])
+    # resources.gpus_per_worker auto, resolved once on this Ray without GPUs: 0, in the summary and the state, the
+    # config of every run's record and the search's MLflow run; its trials trained on the CPU
+    assert summary["resources"]["gpus_per_worker"] == 0.0 and summary["resources"]["auto"]
+    assert summary["resources"]["device"].startswith("the CPU") and summary["resources"]["where"] == "the Ray cluster"
+    assert json.loads((exp / "state.json").read_text())["resources"] == summary["resources"]
+    assert {record(p)["config"]["resources"]["gpus_per_worker"] for p in (exp / "runs").glob("*.json")} == {0.0}
+    assert parent.data.tags["gpus_per_worker"] == "0"
     assert summary["mlflow_runs_url"] == f"http://127.0.0.1:5000/#/experiments/{exp_id}/runs" and \
         summary["mlflow_runs_url"] in text
     files = {a.path for a in client.list_artifacts(parent.info.run_id)}

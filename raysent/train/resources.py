@@ -1,0 +1,231 @@
+"""The GPUs and CPUs a run claims from Ray, and the devices its trials and workers may use.
+
+Resources are claimed, never borrowed (DESIGN.md, "Conventions"): a trial trains on the GPUs Ray gave it and on
+no other.
+
+``resources.gpus_per_worker: auto``
+    The default: 1 when the Ray cluster has GPUs (``ray.cluster_resources()``), else 0. The driver resolves it
+    once, when it has joined or started Ray (:func:`resolve`), logs the line :meth:`Placement.describe` gives,
+    and hands the trials the number (their configs, and so their run records and ``result.json``, hold it). A
+    fraction shares a GPU: 0.25 runs four trials on each GPU (Tune places them by the ``GPU`` resource they ask
+    for, :func:`tune_trial_resources`). An autoscaling cluster that starts without GPU nodes resolves ``auto``
+    to 0: give the number (``gpus_per_worker: 1``) there.
+A trial or worker that asked for no GPU sees none
+    Since Ray 2.5x a task or actor that asks for no GPU is no longer hidden from the GPUs (ray-project/ray#54868;
+    ``RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=1`` restores the hiding). So a trial that asked for none would find every
+    GPU of its node and train on GPU 0 (``torch.cuda.is_available()``), which Ray does not know is in use.
+    :func:`claim_devices` runs first in every Tune trial (:func:`raysent.tune.trial.prepare_process`) and every
+    Ray Train worker (:func:`raysent.train.ray_train.train_worker`): given no GPU, it sets
+    ``CUDA_VISIBLE_DEVICES=""`` before torch touches CUDA, so the loop's default device
+    (:func:`raysent.train.device.default_device`) is the CPU; and it returns the device the process trains on,
+    which the trial's hooks use whatever torch saw before. A Ray that raysent starts also gets
+    ``RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=1`` (:data:`HIDE_ON_ZERO`), so Ray itself hides the GPUs from such a
+    process as it starts it (Ray Train's worker setup asks torch about CUDA before the train function runs).
+
+Imports Ray only inside the functions that need it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from raysent.config import ExperimentConfig, with_overrides
+
+VISIBLE = "CUDA_VISIBLE_DEVICES"
+# set in the environment of a Ray that raysent starts (raysent.train.ray_train.LOCAL_RAY_ENV)
+HIDE_ON_ZERO = {"RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "1"}
+EPS = 1e-9
+
+
+def auto_gpus(cluster_gpus: float) -> float:
+    """``gpus_per_worker: auto`` on a cluster with ``cluster_gpus`` GPUs: 1 when it has any, else 0."""
+    return 1.0 if cluster_gpus > 0 else 0.0
+
+
+def gpus_per_worker(cfg: ExperimentConfig, cluster_gpus: float | None) -> float | None:
+    """``resources.gpus_per_worker`` as a number (``auto`` resolved against ``cluster_gpus``; None when it is
+    ``auto`` and the cluster's GPUs are not known)."""
+    value = cfg.resources.gpus_per_worker
+    if value == "auto":
+        return None if cluster_gpus is None else auto_gpus(cluster_gpus)
+    return float(value)
+
+
+def concrete(cfg: ExperimentConfig) -> float:
+    """``resources.gpus_per_worker`` of a config whose ``auto`` was resolved (:func:`resolve`)."""
+    value = cfg.resources.gpus_per_worker
+    if value == "auto":
+        raise RuntimeError("resources.gpus_per_worker is still 'auto': resolve(cfg, ...) first")
+    return float(value)
+
+
+def tune_trial_resources(cfg: ExperimentConfig) -> dict[str, float]:
+    """What one Tune trial's own process asks for (``tune.with_resources``): its driver's CPUs when it trains on
+    Ray Train workers (they ask for their own, :func:`train_worker_resources`), else the CPUs and GPUs it trains
+    with."""
+    r = cfg.resources
+    if r.workers:
+        return {"CPU": r.trial_cpus}
+    return {"CPU": r.cpus_per_worker, "GPU": concrete(cfg)}
+
+
+def train_worker_resources(cfg: ExperimentConfig) -> tuple[bool, dict[str, float]]:
+    """(use_gpu, resources_per_worker) of each Ray Train worker (``ScalingConfig``)."""
+    gpus = concrete(cfg)
+    return gpus > 0, {"CPU": cfg.resources.cpus_per_worker, **({"GPU": gpus} if gpus > 0 else {})}
+
+
+def run_resources(cfg: ExperimentConfig, gpus: float) -> dict[str, float]:
+    """What one run (one Tune trial) holds in all, with ``gpus`` per worker."""
+    r = cfg.resources
+    if r.workers:
+        return {"CPU": r.trial_cpus + r.workers * r.cpus_per_worker, "GPU": r.workers * gpus}
+    return {"CPU": r.cpus_per_worker, "GPU": gpus}
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a run's trials train and how many run at once, on a cluster of ``cluster`` CPUs and GPUs."""
+
+    gpus_per_worker: float | None  # None: auto, against a cluster not known yet
+    auto: bool  # the config said auto
+    cluster: dict[str, float] | None  # CPU and GPU of the Ray cluster (or of this machine, for a local Ray)
+    where: str  # where ``cluster`` was read ("the Ray cluster", "this machine")
+    per_trial: dict[str, float] | None  # what one trial holds in all
+    device: str  # what each trial (each of its workers) trains on
+    at_once: int | None  # trials that run at once
+    limit: str  # what sets at_once
+
+    def gpus(self) -> str:
+        """``resources.gpus_per_worker`` as the run uses it, and why when it was ``auto``."""
+        if self.gpus_per_worker is None:
+            return "auto: 1 if the Ray cluster has GPUs when the run joins it, else 0"
+        if not self.auto or self.cluster is None:
+            return f"{self.gpus_per_worker:g}"
+        have = self.cluster.get("GPU", 0.0)
+        if have:
+            return f"{self.gpus_per_worker:g} (auto: {self.where} has {have:g} GPU(s))"
+        grows = ("; a cluster that adds GPU nodes only when trials ask for them needs the number: "
+                 "resources.gpus_per_worker: 1") if self.where == "the Ray cluster" else ""
+        return f"{self.gpus_per_worker:g} (auto: {self.where} has no GPU{grows})"
+
+    def describe(self) -> str:
+        """One line for the log."""
+        at_once = f"; {self.at_once} trial(s) at once ({self.limit})" if self.at_once is not None else ""
+        return f"resources.gpus_per_worker {self.gpus()}: each trial trains on {self.device}{at_once}"
+
+    def record(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def trial_device(cfg: ExperimentConfig, gpus: float | None) -> str:
+    """What each trial of ``cfg`` trains on with ``gpus`` per worker, in words."""
+    w = cfg.resources.workers
+    where = f" on each of its {w} Ray Train worker(s)" if w else " in its own process"
+    if gpus is None:
+        return "cuda or the CPU (gpus_per_worker auto: not known until the run joins the cluster)"
+    if gpus == 0:
+        return f"the CPU{where} (it asks for no GPU and sees none)"
+    if gpus < 1:
+        share = f"{gpus:g} of a GPU, shared with {math.floor(1 / gpus + EPS) - 1} other trial(s)"
+    else:
+        share = f"{gpus:g} GPU(s)" + (" (it trains on the first)" if gpus > 1 and not w else "")
+    return f"cuda{where}: {share}" + (" (NCCL)" if w else "")
+
+
+def concurrency(cfg: ExperimentConfig, cluster: dict[str, float], gpus: float,
+                trials: int | None = None) -> tuple[int, str]:
+    """(trials at once, what sets it): ``search.max_concurrent_trials`` (1 without a search), the phase's
+    ``trials``, and how many trials the cluster's CPUs and GPUs hold at once (each needs its whole share on one
+    cluster; nodes may hold fewer)."""
+    need = run_resources(cfg, gpus)
+    limits = [(cfg.search.max_concurrent_trials if cfg.search else 1, "search.max_concurrent_trials")]
+    if trials is not None:
+        limits.append((trials, "trials in the phase"))
+    for key in ("CPU", "GPU"):
+        if need[key] > 0:
+            fits = math.floor(cluster.get(key, 0.0) / need[key] + EPS)
+            limits.append((fits, f"{cluster.get(key, 0.0):g} {key}s / {need[key]:g} per trial"))
+    n, why = min(limits, key=lambda x: x[0])
+    return n, why
+
+
+def placement(cfg: ExperimentConfig, cluster: dict[str, float] | None, where: str,
+              trials: int | None = None) -> Placement:
+    """Where ``cfg``'s trials train and how many run at once on ``cluster`` (None: not known yet)."""
+    gpus = gpus_per_worker(cfg, None if cluster is None else cluster.get("GPU", 0.0))
+    auto = cfg.resources.gpus_per_worker == "auto"
+    if gpus is None or cluster is None:
+        return Placement(gpus, auto, cluster, where, None if gpus is None else run_resources(cfg, gpus),
+                         trial_device(cfg, gpus), None, "the cluster is not known yet")
+    at_once, limit = concurrency(cfg, cluster, gpus, trials)
+    return Placement(gpus, auto, cluster, where, run_resources(cfg, gpus), trial_device(cfg, gpus), at_once, limit)
+
+
+def connected_cluster() -> dict[str, float] | None:
+    """CPU and GPU of the Ray cluster this process is connected to; None when it is not connected (a process
+    that never imported ray is not: nothing here imports it)."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return None
+    res = ray.cluster_resources()
+    return {"CPU": float(res.get("CPU", 0)), "GPU": float(res.get("GPU", 0))}
+
+
+def this_machine() -> dict[str, float]:
+    """CPU and GPU of this machine: what a local Ray started here would have."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return {"CPU": float(os.cpu_count() or 1), "GPU": float(gpus)}
+
+
+def resolve(cfg: ExperimentConfig, cluster: dict[str, float] | None = None,
+            where: str = "the Ray cluster", trials: int | None = None) -> tuple[ExperimentConfig, Placement]:
+    """``cfg`` with ``resources.gpus_per_worker`` a number, and its :class:`Placement`. ``cluster``: the CPUs
+    and GPUs to resolve against (default: the Ray this process is connected to, else this machine)."""
+    if cluster is None:
+        cluster = connected_cluster()
+        if cluster is None:
+            cluster, where = this_machine(), "this machine"
+    place = placement(cfg, cluster, where, trials)
+    if cfg.resources.gpus_per_worker == "auto":
+        cfg = with_overrides(cfg, {"resources.gpus_per_worker": place.gpus_per_worker})
+    return cfg, place
+
+
+def resolved(cfg: ExperimentConfig) -> ExperimentConfig:
+    """``cfg`` itself when ``resources.gpus_per_worker`` is a number, else :func:`resolve`'s config."""
+    return cfg if cfg.resources.gpus_per_worker != "auto" else resolve(cfg)[0]
+
+
+# --------------------------------------------------------------------------- in a trial or worker
+def assigned_gpu_ids() -> list[str]:
+    """The GPUs Ray gave this process (``ray.get_gpu_ids()``; none outside Ray: a process that never imported ray
+    is not in it)."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return []
+    return [str(i) for i in ray.get_gpu_ids()]
+
+
+def claim_devices(gpu_ids: list[str] | None = None) -> torch.device:
+    """What a Tune trial or Ray Train worker does first: given no GPU (``gpu_ids``, default Ray's
+    ``ray.get_gpu_ids()``), hide every GPU (``CUDA_VISIBLE_DEVICES=""``, before torch touches CUDA) and train on
+    the CPU; given GPUs, train on the first that Ray made visible (Ray sets ``CUDA_VISIBLE_DEVICES`` to them).
+    Returns that device. Calling it again changes nothing."""
+    ids = assigned_gpu_ids() if gpu_ids is None else list(gpu_ids)
+    if not ids:
+        os.environ[VISIBLE] = ""
+        return torch.device("cpu")
+    from raysent.train.device import default_device
+
+    return default_device()
+
+
+__all__ = ["HIDE_ON_ZERO", "Placement", "claim_devices", "placement", "resolve", "tune_trial_resources",
+           "train_worker_resources"]
