@@ -11,8 +11,14 @@ One command run measures, on the same model, batch size and sequence length:
    ``EmbeddingSimilarityEvaluator``, equal scores checked (:mod:`raysent.bench.evaluation`);
 4. **overhead**: the same run bare, on one Ray Train worker and in a Ray Tune trial
    (:mod:`raysent.bench.overhead`);
-5. **gpu** (only with a CUDA device): bf16 throughput and model FLOPs utilisation against the
-   device's peak.
+5. **gpu** (only with a CUDA device): simcse-unsup on its defaults, in fp32 and with each speedup
+   flipped, against sentence-transformers' MNRL in bf16 (and fp32): steps/s, sentences/s, the ratio,
+   GPU memory and model FLOPs utilisation (PaLM's formula) against the device's stated peak;
+6. **profile**: a few steps of raysent's simcse-unsup and of MNRL under torch.profiler: operators,
+   host milliseconds and host-device waits per step (:mod:`raysent.bench.profile`).
+
+A case that fails loses only itself (its error in ``failed_cases``), and the record is handed to be
+written after every case, so a run killed by a timeout keeps every case it measured.
 
 It returns a :class:`BenchResult` (:mod:`raysent.bench.result`) and writes it as
 ``results/bench/<date>.json`` (every number, the versions and the machine) and ``<date>.md`` (the summary,
@@ -21,9 +27,16 @@ asserted by tests: tests only check that the speedups change nothing (tests/trai
 """
 
 from raysent.bench.markdown import format_markdown
-from raysent.bench.options import METHODS, PARTS, BenchOptions
+from raysent.bench.options import GPU_CASES, METHODS, PARTS, BenchOptions
 from raysent.bench.result import BenchResult
-from raysent.bench.runner import check_targets, method_config, peak_bf16_tflops, run_bench, write_results
+from raysent.bench.runner import (
+    check_targets,
+    method_config,
+    model_flops_per_step,
+    peak_bf16_tflops,
+    run_bench,
+    write_results,
+)
 
-__all__ = ["METHODS", "PARTS", "BenchOptions", "BenchResult", "check_targets", "format_markdown", "method_config",
-           "peak_bf16_tflops", "run_bench", "write_results"]
+__all__ = ["GPU_CASES", "METHODS", "PARTS", "BenchOptions", "BenchResult", "check_targets", "format_markdown",
+           "method_config", "model_flops_per_step", "peak_bf16_tflops", "run_bench", "write_results"]

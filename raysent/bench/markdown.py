@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from raysent.bench.result import BenchResult, CpuShare, Target
+from raysent.bench.result import BenchResult, CpuShare, ProfileCase, Target
 
 
 def format_markdown(result: BenchResult) -> str:
     sections: list[Callable[[BenchResult], list[str]]] = [
-        _header, _targets, _not_measured, _training, _speedups, _evaluation, _overhead, _gpu]
+        _header, _targets, _not_measured, _training, _speedups, _evaluation, _overhead, _gpu, _profile]
     return "\n".join(line for section in sections for line in section(result))
 
 
@@ -46,19 +46,34 @@ def _targets(r: BenchResult) -> list[str]:
             row("Tune + Train overhead per trial of a search (a trial after the first), on a run of the overhead "
                 "steps", ov, _f(ov.value * 100 if ov.value is not None else None, ".1f", " %"),
                 f"≤ {ov.target * 100:.0f} %"),
-            ratio("SG-OPT steps/s, cached BERT_F views ÷ not cached", t.sg_opt_cached_views), ""]
+            ratio("SG-OPT steps/s, cached BERT_F views ÷ not cached", t.sg_opt_cached_views),
+            *([ratio("GPU: simcse-unsup steps/s on its defaults ÷ sentence-transformers MNRL bf16",
+                     t.gpu_simcse_unsup_vs_st_mnrl)] if t.gpu_simcse_unsup_vs_st_mnrl is not None else []),
+            *([row(f"GPU, batch {r.options.batch_size}: simcse-unsup MFU on its defaults", t.gpu_mfu,
+                   _f(t.gpu_mfu.value * 100 if t.gpu_mfu.value is not None else None, ".1f", " %"),
+                   f"≥ {t.gpu_mfu.target * 100:.0f} %")] if t.gpu_mfu is not None else []),
+            ""]
+
+
+def _last(error: str) -> str:
+    return (error.strip().splitlines() or [""])[-1][:300]  # a worker's error ends its traceback
 
 
 def _not_measured(r: BenchResult) -> list[str]:
-    if not r.failed and not r.interrupted:
+    if not r.failed and not r.interrupted and not r.failed_cases:
         return []
     lines = ["## Not measured", ""]
     if r.interrupted:
-        lines.append(f"* interrupted (Ctrl-C) during `{r.interrupted}`; the parts after it did not run")
+        by = "Ctrl-C" if r.interrupted_by in (None, "SIGINT") else f"{r.interrupted_by}, as a timeout sends"
+        case = f", case `{r.interrupted_case}`" if r.interrupted_case else ""
+        lines.append(f"* interrupted ({by}) during `{r.interrupted}`{case}; the parts after it did not run")
     for part, error in r.failed.items():
-        last = (error.strip().splitlines() or [""])[-1][:300]  # a worker's error ends its traceback
         lines.append(f"* `{part}` failed ({'what it measured before is below; ' if r.measured(part) else ''}"
-                     f"the whole error is in the .json): {last}")
+                     f"the whole error is in the .json): {_last(error)}")
+    for part, cases in r.failed_cases.items():
+        for label, error in cases.items():
+            lines.append(f"* `{part}`, case `{label}` failed (the part's other cases are below; the whole error is "
+                         f"in the .json): {_last(error)}")
     return [*lines, ""]
 
 
@@ -72,9 +87,10 @@ def _training(r: BenchResult) -> list[str]:
              "| --- | ---: | ---: | ---: | ---: |"]
     for name, c in tr.methods.items():
         lines.append(f"| {name} | {c.steps_per_second:.2f} | {c.sentences_per_second:.0f} | "
-                     f"{c.peak_rss_mib:.0f} | {tr.steps_per_second_vs_st_mnrl[name]:.2f} |")
-    lines.append(f"| sentence-transformers MNRL | {st.steps_per_second:.2f} | "
-                 f"{st.sentences_per_second:.0f} | {st.peak_rss_mib:.0f} | 1.00 |")
+                     f"{c.peak_rss_mib:.0f} | {_f(tr.steps_per_second_vs_st_mnrl.get(name))} |")
+    if st is not None:
+        lines.append(f"| sentence-transformers MNRL | {st.steps_per_second:.2f} | "
+                     f"{st.sentences_per_second:.0f} | {st.peak_rss_mib:.0f} | 1.00 |")
     return [*lines, "", "sentences/s counts each example's text fields once (a triplet is 3 sentences, an NLI pair "
             "2; the two dropout views of one sentence count once), as sentence-transformers' anchor=positive "
             "pairs do.", ""]
@@ -169,17 +185,88 @@ def _overhead(r: BenchResult) -> list[str]:
             ""]
 
 
+def _settings(label: str, overrides: dict) -> str:
+    if label.startswith("st-mnrl"):
+        return "sentence-transformers MNRL"
+    return ", ".join(f"{k} {v}" for k, v in overrides.items()) or "defaults"
+
+
 def _gpu(r: BenchResult) -> list[str]:
     g = r.gpu
     if g is None:
         return []
     if g.skipped:
         return ["## GPU", "", f"Skipped: {g.skipped}.", ""]
-    lines = ["## GPU", "", f"{g.device}, bf16 peak {_f(g.peak_bf16_tflops, '.0f', ' TFLOP/s')}.", "",
-             "| case | steps/s | sentences/s | GPU peak (MiB) | model TFLOP/s | MFU |",
-             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    st = g.cases.get("st-mnrl-bf16")
+    lines = ["## GPU", "",
+             f"{g.device}; dense peaks: bf16 {_f(g.peak_bf16_tflops, '.0f', ' TFLOP/s')}, TF32 "
+             f"{_f(g.peak_tf32_tflops, '.0f', ' TFLOP/s')}, fp32 {_f(g.peak_fp32_tflops, '.1f', ' TFLOP/s')}. "
+             "simcse-unsup through raysent's Stepper (each case's settings against its defaults) and "
+             f"sentence-transformers' MNRL, batch {r.options.batch_size}, max length {r.options.max_length}; "
+             f"× ST MNRL bf16: steps/s ÷ its steps/s in this run{'' if st else ' (not measured here)'}.", "",
+             "| case | settings | precision | steps/s | sentences/s | × ST MNRL bf16 | GPU peak (MiB) | model TFLOP/s "
+             "| MFU | peak used |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for label, c in g.cases.items():
-        lines.append(f"| {label} | {c.steps_per_second:.2f} | {c.sentences_per_second:.0f} | "
+        lines.append(f"| {label} | {_settings(label, g.overrides.get(label, {}))} | "
+                     f"{getattr(c, 'precision', None) or '—'} | {c.steps_per_second:.2f} | "
+                     f"{c.sentences_per_second:.0f} | {_f(g.steps_per_second_vs_st_mnrl_bf16.get(label))} | "
                      f"{_f(c.cuda_peak_mib, '.0f')} | {_f(c.model_tflops, '.1f')} | "
-                     f"{_f(c.mfu * 100 if c.mfu is not None else None, '.1f', ' %')} |")
-    return [*lines, ""]
+                     f"{_f(c.mfu * 100 if c.mfu is not None else None, '.1f', ' %')} | {c.peak_kind or '—'} |")
+    lines.append("")
+    d = g.cases.get("defaults")
+    resolved = getattr(d, "settings", None) if d is not None else None
+    if isinstance(resolved, dict):
+        lines += ["simcse-unsup's defaults on this device: " + ", ".join(
+            f"{k} {v}" + (" (auto)" if k in resolved.get("auto", []) else "")
+            for k, v in resolved.items() if k not in ("auto", "device")) + ".", ""]
+    if g.mfu_formula:
+        lines += [f"MFU: {g.mfu_formula}.", ""]
+    return lines
+
+
+def _per_step(c: ProfileCase | None, value) -> str:
+    return "—" if c is None else value(c)
+
+
+def _profile(r: BenchResult) -> list[str]:
+    p = r.profile
+    if p is None:
+        return []
+    a, b = p.raysent, p.st_mnrl
+    ref = a or b
+    where = f"on {ref.device} in {ref.precision}, " if ref is not None else ""
+    lines = ["## Profile (torch.profiler)", "",
+             f"{p.method} through raysent's Stepper and sentence-transformers' MNRL through its Trainer, "
+             f"{where}batch {r.options.batch_size}, max length {r.options.max_length}: "
+             f"{ref.steps if ref else r.options.profile_steps} recorded steps after {p.warmup} untimed ones and the "
+             "profiler's own warm-up step; per step (data loading included). The profiler slows the host: compare "
+             "the two sides, not these times with the other parts'.", "",
+             "| per step | raysent | sentence-transformers MNRL |", "| --- | ---: | ---: |"]
+
+    def total(d: dict[str, float] | None) -> str:
+        return "—" if d is None else f"{sum(d.values()):.1f}"
+
+    rows: list[tuple[str, Callable[[ProfileCase], str]]] = [
+        ("aten operators dispatched (nested ones included)", lambda c: f"{c.ops_per_step:.0f}"),
+        ("aten operators called from outside another", lambda c: f"{c.top_level_ops_per_step:.0f}"),
+        ("host milliseconds", lambda c: f"{c.host_ms_per_step:.1f}"),
+        ("aten operators that wait for a CUDA device (.item(), nonzero, ...)", lambda c: total(c.sync_ops_per_step)),
+    ]
+    if ref is not None and ref.kernels_per_step is not None:
+        rows += [("CUDA kernels launched", lambda c: _f(c.kernels_per_step, ".0f")),
+                 ("GPU kernel milliseconds", lambda c: _f(c.device_ms_per_step, ".1f")),
+                 ("runtime calls that wait for the device, and device-to-host copies",
+                  lambda c: total(c.sync_calls_per_step))]
+    lines += [f"| {label} | {_per_step(a, value)} | {_per_step(b, value)} |" for label, value in rows]
+    lines.append("")
+    waits = []
+    for name, c in (("raysent", a), ("sentence-transformers", b)):
+        found = {} if c is None else {**(c.sync_op_sources or c.sync_ops_per_step), **(c.sync_calls_per_step or {})}
+        if found:
+            waits.append(f"* {name}: " + ", ".join(f"{k} {v:.1f}" for k, v in found.items()))
+    if waits:
+        lines += ["What waits (or would wait) for the device, per step, by where it was called from (operator < its "
+                  "callers; on a CPU the fused AdamW's own reads, `< aten::_fused_adamw_`, are not made by its CUDA "
+                  "kernel):", "", *waits, ""]
+    return lines

@@ -10,11 +10,18 @@ from raysent.errors import RaysentError
 
 # Lazy imports: raysent's heavier modules (heavy, and only the functions that need them import them).
 
-Part = Literal["training", "speedups", "evaluation", "overhead", "gpu"]
-PARTS: tuple[Part, ...] = ("training", "speedups", "evaluation", "overhead", "gpu")
+Part = Literal["training", "speedups", "evaluation", "overhead", "gpu", "profile"]
+PARTS: tuple[Part, ...] = ("training", "speedups", "evaluation", "overhead", "gpu", "profile")
 SPEEDUPS = ("length_buckets", "concat_views", "cache_views", "huge_pages", "all_speedups", "grad_cache")
 STS_SETS = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
 METHODS = ("simcse-unsup", "simcse-sup", "sg", "sg-opt", "consert", "layeratt", "supcon", "sbert-nli")
+# the gpu part's cases, most important first (a run cut short by a timeout keeps the cases measured before it):
+# simcse-unsup on its defaults, sentence-transformers' MNRL in bf16 (what the ratios are taken against), fp32, each
+# speedup flipped against the device's default, the defaults once more (the first case of a run read 13 % low on an
+# H200: results/bench/20261127-141237.md; the repeat shows such an order effect), MNRL in fp32, and torch.compile
+# last (it compiles first)
+GPU_CASES = ("defaults", "st-mnrl-bf16", "fp32", "length-buckets-4", "fused-adamw-off", "huge-pages-on",
+             "defaults-again", "st-mnrl-fp32", "compile")
 
 
 @dataclass
@@ -38,6 +45,8 @@ class BenchOptions:
     peak_tflops: float | None = None
     grad_cache_batch: int = 512  # the gradient-caching case: a batch large enough for activations to matter
     grad_cache_rows: int | None = None  # default: an eighth of that batch
+    gpu_cases: list[str] = field(default_factory=lambda: list(GPU_CASES))  # run in the order given
+    profile_steps: int = 5  # profiled steps of each side of the profile part (after --warmup steps)
 
     def check(self) -> None:
         bad = [p for p in self.parts if p not in PARTS]
@@ -62,3 +71,12 @@ class BenchOptions:
             raise RaysentError("--overhead-trials must be >= 1")
         if self.steps < 2 or self.warmup < 1:
             raise RaysentError("--steps must be >= 2 and --warmup >= 1")
+        bad = [c for c in self.gpu_cases if c not in GPU_CASES]
+        repeated = sorted({c for c in self.gpu_cases if self.gpu_cases.count(c) > 1})
+        if bad or repeated or not self.gpu_cases:
+            what = (f"unknown case(s) {', '.join(bad)}" if bad else f"case(s) given twice: {', '.join(repeated)}"
+                    if repeated else "no case given")
+            raise RaysentError(f"--gpu-cases: {what}; allowed, each at most once, in the order to run them: "
+                               f"{', '.join(GPU_CASES)}")
+        if self.profile_steps < 1:
+            raise RaysentError("--profile-steps must be >= 1")

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -34,6 +35,10 @@ from raysent.bench.result import OverheadResult
 from raysent.config import parse_config, with_overrides
 
 # Lazy imports: ray, torch, raysent's heavier modules (heavy, and only the functions that need them import them).
+
+# a Ray process's command line: an actor or task (ray::…), a program of Ray's package (…/ray/…), Ray's own scripts;
+# not another program whose name merely contains "ray" (a `raysent` command of its own)
+RAY_COMMAND = re.compile(r"ray::|/ray/|\bray\b")
 
 
 class RayCpu:
@@ -66,7 +71,7 @@ class RayCpu:
                 with open(f"/proc/{entry.name}/cmdline", "rb") as f:
                     cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
                 pid = int(entry.name)
-                if pid != me and "ray" not in cmd:
+                if pid != me and not RAY_COMMAND.search(cmd):
                     continue
                 with open(f"/proc/{entry.name}/stat") as f:
                     fields = f.read().rsplit(")", 1)[1].split()
@@ -118,17 +123,22 @@ def _tune_trials(cfg, trials: int, trial_cpus: float, root: Path) -> list[float]
     from ray import tune
 
     from raysent.train.ray_train import worker_env
+    from raysent.train.resources import claim_devices, resolve, tune_trial_resources
+    from raysent.train.run import reuse_across_runs
     from raysent.tune.driver import reuse_trial_processes
     from raysent.tune.trial import train_trial
 
     env = worker_env()  # absolute paths: a trial runs in its own folder, as do its Ray Train workers
+    cfg = resolve(cfg)[0]  # gpus_per_worker auto, as a search resolves it: a trial given no GPU sees none
 
     def trial(config: dict) -> None:
         os.environ.update(env)
+        claim_devices()  # what a search's trial does first (raysent.tune.trial.prepare_process)
+        reuse_across_runs()
         train_trial(with_overrides(cfg, {"train.output_dir": str(root / "runs" / f"trial{config['i']}")}))
         tune.report({"ended": time.time()})
 
-    tuner = tune.Tuner(tune.with_resources(trial, {"CPU": trial_cpus}),
+    tuner = tune.Tuner(tune.with_resources(trial, {**tune_trial_resources(cfg), "CPU": trial_cpus}),
                        param_space={"i": tune.grid_search(list(range(trials)))},
                        tune_config=tune.TuneConfig(max_concurrent_trials=1, reuse_actors=reuse_trial_processes(cfg)),
                        run_config=tune.RunConfig(name="bench", storage_path=str(root / "state"), verbose=0))

@@ -2,10 +2,12 @@
 returns, what ``results/bench/<date>-<time>.json`` holds (its JSON keys are these fields' names) and what
 :func:`raysent.bench.format_markdown` reads.
 
-One section per part, None where the part did not run. A part that fails after measuring some of its cases
-may keep those (``failed`` names it; the overhead part keeps its ways measured before the one that failed), so
-the fields a part fills late are optional. On disk a section holds what was measured and nothing more: a field
-never set is left out, not written as null (:meth:`BenchResult.to_json`).
+One section per part, None where the part did not run. A case that fails loses only itself: its error goes into
+``failed_cases`` and the part's other cases stay in its section. A part that fails as a whole after measuring
+some of its cases keeps those (``failed`` names it; the overhead part keeps its ways measured before the one that
+failed), so the fields a part fills late are optional. :func:`raysent.bench.run_bench` hands the record to be
+written after every case, so a run that is killed keeps what it measured. On disk a section holds what was
+measured and nothing more: a field never set is left out, not written as null (:meth:`BenchResult.to_json`).
 """
 
 from __future__ import annotations
@@ -39,17 +41,33 @@ class CaseResult(_Model):
     cuda_peak_mib: float | None = Field(description="None without a GPU")
     prepare: dict[str, Any] | None = Field(default=None, description="what a method computed before training "
                                                                      "(sg-opt's view cache); absent for st-mnrl")
-    real_tokens_per_step: float | None = Field(default=None, description="non-padding tokens (methods only)")
-    encoder_params_non_embedding: int | None = Field(default=None, description="methods only")
-    model_tflops: float | None = Field(default=None, description="the gpu part: 6·N·tokens per second")
-    mfu: float | None = Field(default=None, description="the gpu part: model_tflops ÷ the device's bf16 peak")
+    real_tokens_per_step: float | None = Field(default=None, description="non-padding tokens of a step's batch, "
+                                               "each text field once (st-mnrl: counted from its sentences)")
+    encoder_params_non_embedding: int | None = Field(
+        default=None, description="N of the MFU: the encoder's parameters outside its embeddings and pooler")
+    # the gpu part's model FLOPs (PaLM, Chowdhery et al. 2022, App. B; raysent.bench.runner.model_flops_per_step),
+    # from what the case measured: its encoder's shape and the real tokens it encodes per step
+    encoder_layers: int | None = None
+    attention_heads: int | None = None
+    head_dim: int | None = None
+    encoder_passes: float | None = Field(
+        default=None, description="rows through the encoder with gradients ÷ rows of the batch (simcse-unsup: 2 "
+        "dropout views; st-mnrl: anchor and positive)")
+    encoder_tokens_per_step: float | None = Field(default=None, description="ΣT over the encoded rows of a step")
+    encoder_tokens_sq_per_step: float | None = Field(default=None, description="ΣT² over the same rows")
+    model_flops_per_step: float | None = Field(default=None, description="6N·ΣT + 12·L·H·Q·ΣT²")
+    model_tflops: float | None = Field(default=None, description="the gpu part: model FLOPs per second ÷ 1e12")
+    peak_tflops: float | None = Field(default=None, description="the device peak the MFU is taken against")
+    peak_kind: str | None = Field(default=None, description="which peak: bf16 dense, tf32 dense or fp32")
+    mfu: float | None = Field(default=None, description="the gpu part: model_tflops ÷ peak_tflops (before "
+                              "peak_tflops was recorded: ÷ the device's bf16 peak)")
 
 
 class TrainingResult(_Model):
     """The training part: each method's case, sentence-transformers' MNRL, and each method's steps/s ÷ MNRL's."""
 
     methods: dict[str, CaseResult]
-    st_mnrl: CaseResult
+    st_mnrl: CaseResult | None = Field(default=None, description="None: its case failed (BenchResult.failed_cases)")
     steps_per_second_vs_st_mnrl: dict[str, float]
 
 
@@ -154,12 +172,59 @@ class OverheadResult(_Model):
 
 
 class GpuResult(_Model):
-    """The gpu part: bf16 and fp32 cases on the device, or why it did not run (then nothing else is set)."""
+    """The gpu part: simcse-unsup on its defaults, in fp32 and with each speedup flipped, and sentence-transformers'
+    MNRL, on the device (:data:`raysent.bench.options.GPU_CASES`, in the order run), or why it did not run (then
+    nothing else is set). A case that failed is absent here and named in ``BenchResult.failed_cases``."""
 
     skipped: str | None = None
     device: str | None = None
     peak_bf16_tflops: float | None = Field(default=None, description="None: a device not in PEAK_BF16_TFLOPS")
+    peak_tf32_tflops: float | None = Field(default=None, description="dense TF32 (fp32 cases whose matrix "
+                                           "products torch runs in TF32)")
+    peak_fp32_tflops: float | None = Field(default=None, description="fp32 without tensor cores (torch's default "
+                                           "float32_matmul_precision 'highest')")
+    mfu_formula: str | None = None
     cases: dict[str, CaseResult] = Field(default_factory=dict)
+    overrides: dict[str, dict[str, Any]] = Field(default_factory=dict, description="each raysent case's train "
+                                                 "settings against the defaults ({} for the defaults)")
+    steps_per_second_vs_st_mnrl_bf16: dict[str, float] = Field(
+        default_factory=dict, description="each case's steps/s ÷ sentence-transformers MNRL bf16's, same run")
+
+
+class ProfileCase(_Model):
+    """One side of the profile part: ``steps`` training steps under torch.profiler (raysent.bench.profile)."""
+
+    model_config = ConfigDict(extra="allow")  # settings, threads and what else the case reports
+
+    steps: int = Field(description="profiled steps")
+    device: str
+    precision: str
+    ops_per_step: float = Field(description="aten operators the host dispatched per step, nested ones included")
+    top_level_ops_per_step: float = Field(description="aten operators called from outside another aten operator")
+    host_ms_per_step: float = Field(description="host wall time per step (the profiler's step spans)")
+    sync_ops_per_step: dict[str, float] = Field(
+        description="aten operators that make the host wait for a CUDA device (.item(), nonzero, ...): counted on "
+        "any device")
+    sync_op_sources: dict[str, float] = Field(
+        default_factory=dict, description="the same per step by where they were called from (operator < its "
+        "callers, up to the first that is not an aten operator: the optimizer, autograd, or the step's own code)")
+    kernels_per_step: float | None = Field(default=None, description="CUDA: kernels launched per step")
+    device_ms_per_step: float | None = Field(default=None, description="CUDA: kernel time per step")
+    sync_calls_per_step: dict[str, float] | None = Field(
+        default=None, description="CUDA: runtime calls that make the host wait (cudaStreamSynchronize, ...), and "
+        "device-to-host copies")
+    top_ops: dict[str, float] = Field(default_factory=dict, description="the most frequent aten operators per step")
+
+
+class ProfileResult(_Model):
+    """The profile part: raysent's simcse-unsup step (its Stepper) and sentence-transformers' MNRL step (its
+    Trainer) under torch.profiler, same model, data, batch and precision. A side that failed is None (and named
+    in ``BenchResult.failed_cases``)."""
+
+    method: str
+    warmup: int
+    raysent: ProfileCase | None = None
+    st_mnrl: ProfileCase | None = None
 
 
 class Target(_Model):
@@ -176,6 +241,10 @@ class Targets(_Model):
     evaluation_speedup: Target
     tune_train_overhead: Target  # lower is better
     sg_opt_cached_views: Target
+    # the gpu part's (absent where it measured none): simcse-unsup on its defaults ÷ MNRL bf16, and its MFU at a
+    # batch of 512 or more
+    gpu_simcse_unsup_vs_st_mnrl: Target | None = None
+    gpu_mfu: Target | None = None
 
 
 class Machine(_Model):
@@ -204,8 +273,16 @@ class BenchResult(_Model):
     evaluation: EvaluationResult | None = None
     overhead: OverheadResult | None = None
     gpu: GpuResult | None = None
+    profile: ProfileResult | None = None
     failed: dict[Part, str] = Field(default_factory=dict, description="each failed part's error")
-    interrupted: Part | None = Field(default=None, description="the part Ctrl-C stopped; none ran after it")
+    failed_cases: dict[Part, dict[str, str]] = Field(
+        default_factory=dict, description="per part, each case that failed and its error (the part's other cases "
+        "are in its section)")
+    interrupted: Part | None = Field(default=None, description="the part Ctrl-C (or SIGTERM) stopped; none ran "
+                                     "after it")
+    interrupted_by: Literal["SIGINT", "SIGTERM"] | None = Field(default=None, description="None: SIGINT (records "
+                                                                "from before the field)")
+    interrupted_case: str | None = Field(default=None, description="the case running when it was interrupted")
     targets: Targets | None = None
     seconds: float | None = Field(default=None, description="the whole run's wall time")
 

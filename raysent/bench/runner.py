@@ -11,18 +11,24 @@ import platform
 import re
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel
 
 from raysent.bench.cases import RESULT_PREFIX, PartFailed
 from raysent.bench.markdown import format_markdown
-from raysent.bench.options import PARTS, BenchOptions
+from raysent.bench.options import PARTS, BenchOptions, Part
 from raysent.bench.result import (
     BenchResult,
     CaseResult,
     GpuResult,
     Machine,
+    ProfileCase,
+    ProfileResult,
     SpeedupResult,
     Target,
     Targets,
@@ -35,6 +41,7 @@ from raysent.io import write_json_atomic
 # them).
 
 Say = Callable[[str], object]  # where the progress lines go
+M = TypeVar("M", bound=BaseModel)
 
 # the training data of each kind of method (the shared data's own files; the hub otherwise)
 DATA_FOR_KIND = {"sentences": "wiki1m", "triplets": "nli-triplets", "nli_pairs": "snli:dev+test"}
@@ -44,7 +51,10 @@ TARGETS = {
     "evaluation_speedup": 2.0,
     "tune_train_overhead": 0.05,
     "sg_opt_cached_views": 1.8,
+    "gpu_simcse_unsup_vs_st_mnrl": 3.0,  # issue 46: on a GPU, batch 64, length 32, bf16
+    "gpu_mfu": 0.40,  # issue 46: at batch 512 (checked from GPU_MFU_BATCH up)
 }
+GPU_MFU_BATCH = 512
 # dense bf16 peak of common accelerators (TFLOP/s, without sparsity): the first pattern found in the device
 # name (torch.cuda.get_device_name) counts, so variants come before their family; anything else: --peak-tflops
 PEAK_BF16_TFLOPS = {r"\bH200\b": 989.0, r"\bH100\b.*\bPCIe\b": 756.0, r"\bH100\b.*\bNVL\b": 835.0,
@@ -53,9 +63,25 @@ PEAK_BF16_TFLOPS = {r"\bH200\b": 989.0, r"\bH100\b.*\bPCIe\b": 756.0, r"\bH100\b
                     r"\bRTX 3090\b": 71.0}
 
 
+# the same devices' dense TF32 tensor-core peak and their fp32 peak without tensor cores (vendor data sheets, without
+# sparsity): what an fp32 case's MFU is taken against (raysent.bench.runner.peak_for)
+PEAK_TF32_TFLOPS = {r"\bH200\b": 494.7, r"\bH100\b.*\bPCIe\b": 378.0, r"\bH100\b.*\bNVL\b": 417.5,
+                    r"\bH100\b": 494.7, r"\bA100\b": 156.0, r"\bL40S\b": 183.0, r"\bL40\b": 90.5,
+                    r"\bA10G\b": 35.0, r"\bA10\b": 62.5, r"\bL4\b": 60.0, r"\bRTX 4090\b": 82.6,
+                    r"\bRTX 3090\b": 35.6}
+PEAK_FP32_TFLOPS = {r"\bH200\b": 66.9, r"\bH100\b.*\bPCIe\b": 51.2, r"\bH100\b.*\bNVL\b": 60.0,
+                    r"\bH100\b": 66.9, r"\bA100\b": 19.5, r"\bL40S\b": 91.6, r"\bL40\b": 90.5,
+                    r"\bA10G\b": 31.2, r"\bA10\b": 31.2, r"\bL4\b": 30.3, r"\bRTX 4090\b": 82.6,
+                    r"\bRTX 3090\b": 35.6}
+
+
+def _lookup(table: dict[str, float], device_name: str) -> float | None:
+    return next((v for pattern, v in table.items() if re.search(pattern, device_name)), None)
+
+
 def peak_bf16_tflops(device_name: str) -> float | None:
     """The dense bf16 peak of a device from its name, None when it is not in PEAK_BF16_TFLOPS."""
-    return next((v for pattern, v in PEAK_BF16_TFLOPS.items() if re.search(pattern, device_name)), None)
+    return _lookup(PEAK_BF16_TFLOPS, device_name)
 
 
 def method_config(opts: BenchOptions, method: str, **train) -> dict:
@@ -73,15 +99,69 @@ def method_config(opts: BenchOptions, method: str, **train) -> dict:
             "tracking": {"enabled": False}}
 
 
-def run_case(spec: dict, say: Say) -> CaseResult:
-    """One case in a fresh process (:mod:`raysent.bench.cases`)."""
+def run_case(spec: dict, say: Say, model: type[M] = CaseResult) -> M:  # type: ignore[assignment]
+    """One case in a fresh process (:mod:`raysent.bench.cases`), its report read as ``model``."""
     proc = subprocess.run([sys.executable, "-m", "raysent.bench.cases", json.dumps(spec)], capture_output=True,
                           text=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_PREFIX)]
     if proc.returncode != 0 or not lines:
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
         raise RaysentError(f"bench case {spec.get('label')} failed (exit {proc.returncode}):\n{tail}")
-    return CaseResult.model_validate(json.loads(lines[-1][len(RESULT_PREFIX):]))
+    return model.model_validate(json.loads(lines[-1][len(RESULT_PREFIX):]))
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``timeout`` sends it) turned into an interruption, so the run stops as at Ctrl-C and says so."""
+
+
+class Recorder:
+    """The record of one run as it grows: each part puts its section in through :meth:`update` and runs its cases
+    through :meth:`case`, and the record is handed to ``save`` after each (so a run that is killed keeps what it
+    measured). A case that fails loses only itself: its error goes into ``failed_cases`` and the part goes on."""
+
+    def __init__(self, opts: BenchOptions, say: Say, save: Callable[[BenchResult], object] | None = None):
+        self.opts, self.say, self._save = opts, say, save
+        self.started = _dt.datetime.now()
+        self.result = BenchResult(options=opts, started=self.started.replace(microsecond=0),
+                                  machine=machine_info(opts))
+        self.current: str | None = None  # the case running now
+
+    def save(self) -> None:
+        self.result.targets = check_targets(self.result)
+        self.result.seconds = (_dt.datetime.now() - self.started).total_seconds()
+        if self._save is not None:
+            self._save(self.result)
+
+    def update(self, part: Part, section: object) -> None:
+        setattr(self.result, part, section)  # validated on assignment
+        self.save()
+
+    def case(self, part: Part, label: str, spec: dict, model: type[M] = CaseResult,  # type: ignore[assignment]
+             announce: str | None = None) -> M | None:
+        """The case of ``spec`` run in its own process (:func:`run_case`), or None when it failed (recorded under
+        ``failed_cases[part][label]``). ``announce``: its progress line, said once it is the running case."""
+        self.current = label
+        if announce is not None:
+            self.say(announce)
+        try:
+            out = run_case(spec, self.say, model)
+        except Exception as exc:  # the part's other cases are worth keeping
+            r = self.result
+            r.failed_cases = {**r.failed_cases, part: {**r.failed_cases.get(part, {}), label: _error(exc)}}
+            self.say(f"{part}: {label} FAILED ({_last_line(exc)}); going on with the next case")
+            self.save()
+            return None
+        self.current = None
+        return out
+
+
+def _error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _last_line(exc: BaseException) -> str:
+    # a worker's error, and a case's, ends with the last line of its traceback
+    return f"{type(exc).__name__}: " + (str(exc).strip().splitlines() or [""])[-1][:300]
 
 
 def _method_spec(opts: BenchOptions, label: str, method: str, **train) -> dict:
@@ -95,7 +175,9 @@ def _grad_cache_spec(opts: BenchOptions, rows: int | None) -> dict:
     return _method_spec(big, "grad cache", "simcse-unsup", **({"grad_cache_rows": rows} if rows else {}))
 
 
-def _st_spec(opts: BenchOptions, precision: str = "fp32") -> dict:
+def _st_spec(opts: BenchOptions, precision: str = "auto") -> dict:
+    """sentence-transformers' MNRL on the bench's model, data, batch and length; ``auto`` precision as raysent's
+    default resolves it (bf16 on a CUDA device that has it, fp32 on a CPU)."""
     from raysent.methods.simcse_unsup import SimCSEUnsupParams
 
     return {"kind": "st-mnrl", "label": "sentence-transformers MNRL", "model": opts.model, "data": "wiki1m",
@@ -105,76 +187,197 @@ def _st_spec(opts: BenchOptions, precision: str = "fp32") -> dict:
 
 
 NO_SPEEDUPS = {"length_buckets": 1, "concat_views": False, "cache_views": False, "huge_pages": False}
+ALL_SPEEDUPS = {"length_buckets": 4, "concat_views": True, "cache_views": True, "huge_pages": True}
 
 
-def bench_training(opts: BenchOptions, say: Say) -> TrainingResult:
-    cases = {}
+def bench_training(opts: BenchOptions, rec: Recorder) -> TrainingResult:
+    out = TrainingResult(methods={}, steps_per_second_vs_st_mnrl={})
+    rec.update("training", out)
+
+    def ratios() -> dict[str, float]:
+        st = out.st_mnrl
+        return {m: c.steps_per_second / st.steps_per_second for m, c in out.methods.items()} if st else {}
+
     for m in opts.methods:
-        say(f"training: {m}")
-        cases[m] = run_case(_method_spec(opts, m, m), say)
-    say("training: sentence-transformers MultipleNegativesRankingLoss")
-    st = run_case(_st_spec(opts), say)
-    ratios = {m: c.steps_per_second / st.steps_per_second for m, c in cases.items()}
-    return TrainingResult(methods=cases, st_mnrl=st, steps_per_second_vs_st_mnrl=ratios)
+        case = rec.case("training", m, _method_spec(opts, m, m), announce=f"training: {m}")
+        if case is not None:
+            out.methods = {**out.methods, m: case}
+            rec.update("training", out)
+    out.st_mnrl = rec.case("training", "st-mnrl", _st_spec(opts),
+                           announce="training: sentence-transformers MultipleNegativesRankingLoss")
+    out.steps_per_second_vs_st_mnrl = ratios()
+    rec.update("training", out)
+    return out
 
 
-def bench_speedups(opts: BenchOptions, say: Say, training: TrainingResult | None = None) -> dict[str, SpeedupResult]:
-    """Each speedup on (raysent's default) and off, everything else equal."""
+def _resolved(opts: BenchOptions, method: str, device: str, **train) -> tuple:
+    """The settings a case of ``method`` with ``train`` trains with on ``device`` (the ``auto`` ones resolved)."""
+    from raysent.config import parse_config
+    from raysent.train.device import resolve
+
+    t = parse_config(method_config(opts, method, **train), source="<raysent bench>").train
+    settings = {k: v for k, v in resolve(t, device).record().items() if k != "auto"}
+    return tuple(sorted(settings.items())) + ((t.concat_views, t.cache_views),)
+
+
+def bench_speedups(opts: BenchOptions, rec: Recorder, training: TrainingResult | None = None
+                   ) -> dict[str, SpeedupResult]:
+    """Each speedup on and off, everything else equal. Where the device's defaults already have it on, 'on' is
+    the defaults (and the training part's case of that method, when it ran, is reused)."""
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     rows = opts.grad_cache_rows or max(opts.grad_cache_batch // 8, 1)
     pairs: list[tuple[str, str, dict, dict]] = [
-        ("length_buckets", "simcse-unsup", {}, {"length_buckets": 1}),
+        ("length_buckets", "simcse-unsup", {"length_buckets": 4}, {"length_buckets": 1}),
         ("concat_views", "simcse-unsup", {}, {"concat_views": False}),
         ("cache_views", "sg-opt", {}, {"cache_views": False}),
-        ("huge_pages", "simcse-unsup", {}, {"huge_pages": False}),
-        ("all_speedups", "simcse-unsup", {}, NO_SPEEDUPS),
+        ("huge_pages", "simcse-unsup", {"huge_pages": True}, {"huge_pages": False}),
+        ("all_speedups", "simcse-unsup", ALL_SPEEDUPS, NO_SPEEDUPS),
         ("grad_cache", "simcse-unsup", {"grad_cache_rows": rows}, {}),
     ]
-    out = {}
+    out: dict[str, SpeedupResult] = {}
+    rec.update("speedups", out)
     known = training.methods if training is not None else {}
     for name, method, on, off in pairs:
         if name not in opts.speedups:
             continue
-        say(f"speedups: {name} ({method})")
+        rec.say(f"speedups: {name} ({method})")
         if name == "grad_cache":
-            a, b = run_case(_grad_cache_spec(opts, rows), say), run_case(_grad_cache_spec(opts, None), say)
+            a = rec.case("speedups", f"{name} on", _grad_cache_spec(opts, rows))
+            b = rec.case("speedups", f"{name} off", _grad_cache_spec(opts, None))
         else:
-            a = known[method] if not on and method in known else run_case(_method_spec(opts, method, method, **on), say)
-            b = run_case(_method_spec(opts, method, method, **off), say)
-        out[name] = SpeedupResult(method=method, on=a, off=b, on_settings=on or "defaults", off_settings=off,
-                                  speedup=a.steps_per_second / b.steps_per_second,
-                                  peak_rss_ratio=a.peak_rss_mib / b.peak_rss_mib)
+            if on and _resolved(opts, method, device, **on) == _resolved(opts, method, device):
+                on = {}  # the device's defaults already have it on
+            a = known[method] if not on and method in known else rec.case(
+                "speedups", f"{name} on", _method_spec(opts, method, method, **on))
+            b = rec.case("speedups", f"{name} off", _method_spec(opts, method, method, **off))
+        if a is None or b is None:
+            continue
+        out = {**out, name: SpeedupResult(method=method, on=a, off=b, on_settings=on or "defaults",
+                                          off_settings=off, speedup=a.steps_per_second / b.steps_per_second,
+                                          peak_rss_ratio=a.peak_rss_mib / b.peak_rss_mib)}
+        rec.update("speedups", out)
     return out
 
 
-def bench_gpu(opts: BenchOptions, say: Say) -> GpuResult:
+# --------------------------------------------------------------------------- the gpu part
+# each raysent case of the gpu part: the train settings it changes against simcse-unsup's defaults (on CUDA: bf16,
+# length_buckets 1, huge_pages off, fused_adamw on, no compile; raysent.train.device); the others are MNRL's
+GPU_OVERRIDES: dict[str, dict[str, Any]] = {
+    "defaults": {}, "fp32": {"precision": "fp32"}, "length-buckets-4": {"length_buckets": 4},
+    "fused-adamw-off": {"fused_adamw": False}, "huge-pages-on": {"huge_pages": True}, "defaults-again": {},
+    "compile": {"compile": True}}
+GPU_ST = {"st-mnrl-bf16": "bf16", "st-mnrl-fp32": "fp32"}
+MFU_FORMULA = ("PaLM (Chowdhery et al. 2022, App. B): model FLOPs per token 6N + 12·L·H·Q·T, summed over a "
+               "step's encoded sentences as 6N·ΣT + 12·L·H·Q·ΣT² (N: the encoder's parameters outside its "
+               "embeddings and pooler; L layers, H heads, Q head size; T a sentence's real tokens, padding not "
+               "counted), times steps/s, ÷ the device's dense peak for the case's precision")
+
+
+def model_flops_per_step(n_params: int, layers: int, heads: int, head_dim: int, tokens: float,
+                         tokens_sq: float) -> float:
+    """Model FLOPs of one training step (forward and backward), PaLM's (Chowdhery et al. 2022, Appendix B):
+    6N + 12·L·H·Q·T per token of a sequence of T tokens, so over a step's sequences 6N·ΣT + 12·L·H·Q·ΣT²
+    (``tokens`` = ΣT, ``tokens_sq`` = ΣT²). Recomputation (gradient caching's second pass) is not counted."""
+    return 6.0 * n_params * tokens + 12.0 * layers * heads * head_dim * tokens_sq
+
+
+def device_peaks(device_name: str, bf16_override: float | None = None) -> dict[str, float | None]:
+    """The device's dense peaks (TFLOP/s): bf16 (``--peak-tflops`` wins), TF32 and fp32."""
+    return {"bf16": bf16_override or peak_bf16_tflops(device_name), "tf32": _lookup(PEAK_TF32_TFLOPS, device_name),
+            "fp32": _lookup(PEAK_FP32_TFLOPS, device_name)}
+
+
+def peak_for(case: CaseResult, peaks: dict[str, float | None]) -> tuple[float | None, str]:
+    """The peak a case's MFU is taken against, and its name: bf16 (and fp16) against the dense bf16 peak; fp32
+    against the dense TF32 peak where torch runs fp32 matrix products in TF32 (float32_matmul_precision 'high' or
+    'medium'), else against the fp32 peak."""
+    precision = getattr(case, "precision", None)
+    if precision in ("bf16", "fp16"):
+        return peaks["bf16"], "bf16 dense"
+    if getattr(case, "float32_matmul_precision", "highest") in ("high", "medium"):
+        return peaks["tf32"], "tf32 dense"
+    return peaks["fp32"], "fp32"
+
+
+def add_mfu(case: CaseResult, peaks: dict[str, float | None]) -> None:
+    """Set the case's model FLOPs, model TFLOP/s and MFU from what it measured (nothing where a count is
+    missing)."""
+    need = (case.encoder_params_non_embedding, case.encoder_layers, case.attention_heads, case.head_dim,
+            case.encoder_tokens_per_step, case.encoder_tokens_sq_per_step)
+    if any(x is None for x in need):
+        return
+    n, layers, heads, head_dim, tokens, tokens_sq = need
+    case.model_flops_per_step = model_flops_per_step(n, layers, heads, head_dim, tokens, tokens_sq)  # type: ignore[arg-type]
+    case.model_tflops = case.model_flops_per_step * case.steps_per_second / 1e12
+    case.peak_tflops, case.peak_kind = peak_for(case, peaks)
+    case.mfu = case.model_tflops / case.peak_tflops if case.peak_tflops else None
+
+
+def bench_gpu(opts: BenchOptions, rec: Recorder) -> GpuResult:
     import torch
 
     if not torch.cuda.is_available():
-        return GpuResult(skipped="no CUDA device")
-    name = torch.cuda.get_device_name(0)
-    peak = opts.peak_tflops or peak_bf16_tflops(name)
-    out = GpuResult(device=name, peak_bf16_tflops=peak, cases={})
-    for label, spec in (("simcse-unsup bf16", _method_spec(opts, "simcse-unsup", "simcse-unsup", precision="bf16")),
-                        ("simcse-unsup fp32", _method_spec(opts, "simcse-unsup", "simcse-unsup")),
-                        ("st-mnrl bf16", _st_spec(opts, precision="bf16"))):
-        say(f"gpu: {label}")
-        case = run_case(spec, say)
-        if case.real_tokens_per_step is not None and case.encoder_params_non_embedding is not None:  # a method's
-            # 6·N·tokens: forward and backward of the encoder's non-embedding weights (Kaplan et al. 2020)
-            flops = 6.0 * case.encoder_params_non_embedding * case.real_tokens_per_step * case.steps_per_second
-            case.model_tflops = flops / 1e12
-            case.mfu = flops / (peak * 1e12) if peak else None
-        out.cases[label] = case
+        out = GpuResult(skipped="no CUDA device")
+        rec.update("gpu", out)
+        return out
+    return gpu_cases(opts, rec, torch.cuda.get_device_name(0))
+
+
+def gpu_cases(opts: BenchOptions, rec: Recorder, device_name: str) -> GpuResult:
+    """The gpu part's cases (``opts.gpu_cases``, in that order) on whatever device the cases train on."""
+    peaks = device_peaks(device_name, opts.peak_tflops)
+    out = GpuResult(device=device_name, peak_bf16_tflops=peaks["bf16"], peak_tf32_tflops=peaks["tf32"],
+                    peak_fp32_tflops=peaks["fp32"], mfu_formula=MFU_FORMULA, cases={}, overrides={},
+                    steps_per_second_vs_st_mnrl_bf16={})
+    rec.update("gpu", out)
+    for label in opts.gpu_cases:
+        if label in GPU_ST:
+            spec = {**_st_spec(opts, GPU_ST[label]), "label": label}
+        else:
+            spec = _method_spec(opts, label, "simcse-unsup", **GPU_OVERRIDES[label])
+        case = rec.case("gpu", label, spec, announce=f"gpu: {label}")
+        if case is None:
+            continue
+        add_mfu(case, peaks)
+        out.cases = {**out.cases, label: case}
+        if label in GPU_OVERRIDES:
+            out.overrides = {**out.overrides, label: GPU_OVERRIDES[label]}
+        st = out.cases.get("st-mnrl-bf16")
+        out.steps_per_second_vs_st_mnrl_bf16 = (
+            {k: c.steps_per_second / st.steps_per_second for k, c in out.cases.items()} if st else {})
+        rec.update("gpu", out)
     return out
 
 
-def run_bench(opts: BenchOptions, say: Say = print) -> BenchResult:
-    """Every part of ``opts.parts`` in turn. A part that fails is recorded under ``failed`` (its error; what
-    it had measured stays in its own section) and the next part runs; Ctrl-C stops at the part it interrupts
-    (``interrupted``): either way what was measured is returned, to be written."""
+# --------------------------------------------------------------------------- the profile part
+def bench_profile(opts: BenchOptions, rec: Recorder) -> ProfileResult:
+    """simcse-unsup through raysent's Stepper and sentence-transformers' MNRL through its Trainer, each for
+    ``opts.profile_steps`` steps under torch.profiler after ``opts.warmup`` (:mod:`raysent.bench.profile`)."""
+    out = ProfileResult(method="simcse-unsup", warmup=opts.warmup)
+    rec.update("profile", out)
+    steps = {"warmup": opts.warmup, "steps": opts.profile_steps}
+    sides = (("raysent", {**_method_spec(opts, "raysent", "simcse-unsup"), "kind": "profile-method", **steps}),
+             ("st_mnrl", {**_st_spec(opts), "kind": "profile-st-mnrl", "label": "st-mnrl", **steps}))
+    for side, spec in sides:
+        case = rec.case("profile", spec["label"], spec, ProfileCase, announce=f"profile: {spec['label']}")
+        if case is not None:
+            setattr(out, side, case)
+            rec.update("profile", out)
+    return out
+
+
+def run_bench(opts: BenchOptions, say: Say = print, save: Callable[[BenchResult], object] | None = None
+              ) -> BenchResult:
+    """Every part of ``opts.parts`` in turn; ``save`` gets the record after every case (and the end). A case
+    that fails is recorded under ``failed_cases`` and the part goes on; a part that fails as a whole is recorded
+    under ``failed`` (its error; what it had measured stays in its own section) and the next part runs; Ctrl-C
+    (or SIGTERM, as :class:`Terminated`) stops at the part it interrupts (``interrupted``): either way what was
+    measured is returned, to be written."""
     opts.check()
-    started = _dt.datetime.now()
-    result = BenchResult(options=opts, started=started.replace(microsecond=0), machine=machine_info(opts))
+    rec = Recorder(opts, say, save)
+    result = rec.result
 
     def evaluation():
         from raysent.bench.evaluation import bench_evaluation
@@ -192,28 +395,32 @@ def run_bench(opts: BenchOptions, say: Say = print) -> BenchResult:
         return bench_overhead(raw, opts.overhead_steps, opts.cpus, trials=opts.overhead_trials, say=say)
 
     parts: dict[str, Callable[[], object]] = {
-        "training": lambda: bench_training(opts, say),
-        "speedups": lambda: bench_speedups(opts, say, result.training),
-        "evaluation": evaluation, "overhead": overhead, "gpu": lambda: bench_gpu(opts, say)}
+        "training": lambda: bench_training(opts, rec),
+        "speedups": lambda: bench_speedups(opts, rec, result.training),
+        "evaluation": evaluation, "overhead": overhead, "gpu": lambda: bench_gpu(opts, rec),
+        "profile": lambda: bench_profile(opts, rec)}
     for part in PARTS:
         if part not in opts.parts:
             continue
         try:
-            setattr(result, part, parts[part]())  # the part's section (validated on assignment)
-        except KeyboardInterrupt:
-            say(f"{part}: interrupted; writing what was measured before it")
-            result.interrupted = part
+            rec.update(part, parts[part]())  # the part's section (validated on assignment)
+        except KeyboardInterrupt as exc:
+            by: Literal["SIGINT", "SIGTERM"] = "SIGTERM" if isinstance(exc, Terminated) else "SIGINT"
+            say(f"{part}: interrupted ({by}); writing what was measured before it")
+            result.interrupted, result.interrupted_by = part, by
+            if rec.current is not None:
+                result.interrupted_case = rec.current
             break
         except Exception as exc:  # the other parts' measurements are worth keeping
             cause = exc.__cause__ if isinstance(exc, PartFailed) and exc.__cause__ else exc
             if isinstance(exc, PartFailed):
                 setattr(result, part, exc.partial)
             # assigned, not updated in place: to_json writes the fields that were set
-            result.failed = {**result.failed, part: f"{type(cause).__name__}: {cause}"}
-            last = (str(cause).strip().splitlines() or [""])[-1][:300]  # a worker's error ends its traceback
-            say(f"{part}: FAILED ({type(cause).__name__}: {last}); going on with the next part")
-    result.targets = check_targets(result)
-    result.seconds = (_dt.datetime.now() - started).total_seconds()
+            result.failed = {**result.failed, part: _error(cause)}
+            say(f"{part}: FAILED ({_last_line(cause)}); going on with the next part")
+        finally:
+            rec.current = None
+    rec.save()
     return result
 
 
@@ -228,6 +435,14 @@ def check_targets(result: BenchResult) -> Targets:
     # way, there is only the first)
     tune = None if ov is None else (ov.tune_trial_next_overhead if ov.tune_trial_next_overhead is not None
                                     else ov.tune_trial_overhead)
+    gpu: dict[str, Target] = {}  # only where the gpu part measured a case (a record without them stays as it was)
+    g = result.gpu
+    if g is not None and g.cases:
+        gpu["gpu_simcse_unsup_vs_st_mnrl"] = entry(g.steps_per_second_vs_st_mnrl_bf16.get("defaults"),
+                                                   TARGETS["gpu_simcse_unsup_vs_st_mnrl"])
+        if result.options.batch_size >= GPU_MFU_BATCH:
+            d = g.cases.get("defaults")
+            gpu["gpu_mfu"] = entry(d.mfu if d is not None else None, TARGETS["gpu_mfu"])
     return Targets(
         simcse_unsup_vs_st_mnrl=entry(tr.steps_per_second_vs_st_mnrl.get("simcse-unsup") if tr else None,
                                       TARGETS["simcse_unsup_vs_st_mnrl"]),
@@ -235,6 +450,7 @@ def check_targets(result: BenchResult) -> Targets:
         tune_train_overhead=entry(tune, TARGETS["tune_train_overhead"], False),
         sg_opt_cached_views=entry(sp["cache_views"].speedup if "cache_views" in sp else None,
                                   TARGETS["sg_opt_cached_views"]),
+        **gpu,
     )
 
 
@@ -261,5 +477,8 @@ def write_results(result: BenchResult, output_dir: str | Path) -> tuple[Path, Pa
     stem = result.started.strftime("%Y%m%d-%H%M%S")
     json_path, md_path = out / f"{stem}.json", out / f"{stem}.md"
     write_json_atomic(json_path, result.to_json())
-    md_path.write_text(format_markdown(result))
+    fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{md_path.name}.")
+    with os.fdopen(fd, "w") as fh:
+        fh.write(format_markdown(result))
+    os.replace(tmp, md_path)
     return json_path, md_path

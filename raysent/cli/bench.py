@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 from raysent.cli.common import EPILOG, split_list
@@ -13,9 +14,9 @@ from raysent.errors import RaysentError
 
 
 def register(sub) -> None:
+    from raysent.bench import GPU_CASES, BenchOptions
     from raysent.bench import METHODS as BENCH_METHODS
     from raysent.bench import PARTS as BENCH_PARTS
-    from raysent.bench import BenchOptions
 
     bd = BenchOptions()
     b = sub.add_parser("bench", help="measure training, evaluation and orchestration speed side by side with "
@@ -25,8 +26,11 @@ def register(sub) -> None:
                        "MultipleNegativesRankingLoss (training), each speedup on and off (speedups), the 7-set STS "
                        "evaluation against sentence-transformers' EmbeddingSimilarityEvaluator with equal scores "
                        "checked (evaluation), the same run bare, on one Ray Train worker and in a Ray Tune trial "
-                       "(overhead), and bf16 throughput and MFU on a GPU (gpu). Each training case runs in a fresh "
-                       "process. Needs sentence-transformers (pip install -e '.[bench]').",
+                       "(overhead), simcse-unsup on its defaults, in fp32 and with each speedup flipped against "
+                       "sentence-transformers MNRL with steps/s, memory and MFU on a GPU (gpu), and operators, host "
+                       "time and host-device waits per step of both under torch.profiler (profile). Each case runs "
+                       "in a fresh process; a case that fails loses only itself, and the record is written after "
+                       "every case. Needs sentence-transformers (pip install -e '.[bench]').",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     b.add_argument("--model", default=bd.model, help=f"encoder (default {bd.model})")
     b.add_argument("--batch-size", type=int, default=bd.batch_size, help=f"training batch (default {bd.batch_size})")
@@ -58,6 +62,11 @@ def register(sub) -> None:
     b.add_argument("--threads", type=int, default=None, help="torch threads of each training case (default torch's)")
     b.add_argument("--peak-tflops", type=float, default=None,
                    help="the GPU's dense bf16 peak for MFU (default: looked up by device name)")
+    b.add_argument("--gpu-cases", default=",".join(bd.gpu_cases),
+                   help="comma-separated cases of the gpu part, run in the order given (default, most important "
+                        f"first: {','.join(GPU_CASES)})")
+    b.add_argument("--profile-steps", type=int, default=bd.profile_steps,
+                   help=f"steps the profile part records on each side, after --warmup (default {bd.profile_steps})")
     b.add_argument("--output-dir", default=bd.output_dir,
                    help=f"where the JSON and markdown go (default {bd.output_dir})")
     b.set_defaults(func=run)
@@ -74,19 +83,32 @@ def run(args) -> int:
                         eval_repeats=args.eval_repeats, cpus=args.cpus,
                         eval_sets=split_list([args.eval_sets]), speedups=split_list([args.speedups]),
                         threads=args.threads, output_dir=args.output_dir, peak_tflops=args.peak_tflops,
-                        grad_cache_rows=args.grad_cache_rows, grad_cache_batch=args.grad_cache_batch)
+                        grad_cache_rows=args.grad_cache_rows, grad_cache_batch=args.grad_cache_batch,
+                        gpu_cases=split_list([args.gpu_cases]), profile_steps=args.profile_steps)
     # looked up, not imported (~6 CPU-s): run_bench names a bad option first thing
     if importlib.util.find_spec("sentence_transformers") is None:
         raise RaysentError("raysent bench compares with sentence-transformers, which is not installed: "
                            "pip install -e '.[bench]'")
-    result = run_bench(opts, say=lambda m: print(m, file=sys.stderr, flush=True))
+    from raysent.bench.runner import Terminated
+
+    def terminated(signum, frame):
+        raise Terminated
+
+    # SIGTERM (what `timeout` sends) stops the run as Ctrl-C does: what was measured is written, and said to be cut
+    # short; the record is written after every case besides, so even a run killed outright keeps its cases
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        result = run_bench(opts, say=lambda m: print(m, file=sys.stderr, flush=True),
+                           save=lambda r: write_results(r, opts.output_dir))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     json_path, md_path = write_results(result, opts.output_dir)
     print(format_markdown(result))
     print(f"written: {json_path} and {md_path}")
     if result.interrupted:
-        return 130
-    if result.failed:
-        print(f"raysent bench: failed: {', '.join(result.failed)} (the others were measured and written)",
-              file=sys.stderr)
+        return 143 if result.interrupted_by == "SIGTERM" else 130
+    failed = [*result.failed, *(f"{part} ({', '.join(cases)})" for part, cases in result.failed_cases.items())]
+    if failed:
+        print(f"raysent bench: failed: {'; '.join(failed)} (the others were measured and written)", file=sys.stderr)
         return 1
     return 0

@@ -125,6 +125,74 @@ def test_a_part_that_fails_keeps_what_it_and_the_other_parts_measured(ray_cluste
     assert "| Ray Train, 1 worker |" in md and "Tune trial running Ray Train" not in md
 
 
+def test_a_case_that_fails_for_real_loses_only_itself(tiny_bert, tmp_path):
+    """As on the first GPU run: sentence-transformers' case lacks a package (`datasets` cannot be imported in it).
+    The part keeps the method it measured, names the failed case and its error, and the command exits 1."""
+    import os
+
+    shim = tmp_path / "shim" / "datasets"
+    shim.mkdir(parents=True)
+    (shim / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'datasets'\", name='datasets')\n")
+    out = tmp_path / "bench"
+    proc = run_cli("bench", "--model", tiny_bert, "--parts", "training", "--methods", "simcse-unsup",
+                   "--batch-size", "16", "--max-length", "24", "--steps", "2", "--warmup", "1", "--output-dir", str(out),
+                   check=False, env={"PYTHONPATH": os.pathsep.join(filter(None, [str(shim.parent),
+                                                                                 os.environ.get("PYTHONPATH")]))})
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "failed: training (st-mnrl) (the others were measured and written)" in proc.stderr
+    [js] = out.glob("*.json")
+    r = json.loads(js.read_text())
+    assert list(r["training"]["methods"]) == ["simcse-unsup"] and r["training"]["methods"]["simcse-unsup"]["steps"] == 2
+    assert r["training"]["st_mnrl"] is None and r["training"]["steps_per_second_vs_st_mnrl"] == {}
+    assert "failed" not in r and list(r["failed_cases"]) == ["training"]
+    error = r["failed_cases"]["training"]["st-mnrl"]
+    assert error.startswith("RaysentError: bench case sentence-transformers MNRL failed (exit 1)")
+    assert error.rstrip().endswith("ModuleNotFoundError: No module named 'datasets'")
+    md = js.with_suffix(".md").read_text()
+    assert "* `training`, case `st-mnrl` failed (the part's other cases are below" in md
+    assert "| simcse-unsup |" in md
+
+
+def test_a_run_stopped_by_sigterm_keeps_every_case_measured_before(tiny_bert, tmp_path):
+    """`timeout` sends SIGTERM to the bench's process group in the middle of a part: the record on disk already
+    holds each case measured before (written after every case), and the bench adds that it was stopped, where."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    out = tmp_path / "bench"
+    proc = subprocess.Popen([sys.executable, "-m", "raysent.cli", "bench", "--model", tiny_bert, "--parts",
+                             "training", "--methods", "simcse-unsup,simcse-sup,sg-opt", "--batch-size", "16",
+                             "--max-length", "24", "--steps", "2", "--warmup", "1", "--output-dir", str(out)],
+                            cwd=REPO, env=os.environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # its own process group, as under `timeout`
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if line.startswith("training: simcse-sup"):
+                break
+        [js] = out.glob("*.json")
+        before = json.loads(js.read_text())  # written after the first case, before the second ended
+        assert list(before["training"]["methods"]) == ["simcse-unsup"] and "interrupted" not in before
+        os.killpg(proc.pid, signal.SIGTERM)  # the bench and its running case, as timeout does
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 143, err[-3000:]
+    r = json.loads(js.read_text())
+    assert list(r["training"]["methods"]) == ["simcse-unsup"]
+    assert r["training"]["methods"]["simcse-unsup"] == before["training"]["methods"]["simcse-unsup"]
+    assert (r["interrupted"], r["interrupted_by"], r["interrupted_case"]) == ("training", "SIGTERM", "simcse-sup")
+    assert "failed_cases" not in r  # stopped, not failed
+    md = js.with_suffix(".md").read_text()
+    assert "* interrupted (SIGTERM, as a timeout sends) during `training`, case `simcse-sup`" in md
+
+
 def test_ctrl_c_writes_what_was_measured_before(tmp_path):
     import os
     import signal
@@ -187,7 +255,9 @@ def test_bench_options_are_checked():
     with pytest.raises(RaysentError, match="--eval-sets"):
         BenchOptions(eval_sets=["sts17"]).check()
     proc = run_cli("bench", "--parts", "nope", check=False)
-    assert proc.returncode == 2 and "allowed: training, speedups, evaluation, overhead, gpu" in proc.stderr
+    assert proc.returncode == 2 and "allowed: training, speedups, evaluation, overhead, gpu, profile" in proc.stderr
+    proc = run_cli("bench", "--gpu-cases", "defaults,bf16", check=False)
+    assert proc.returncode == 2 and "--gpu-cases: unknown case(s) bf16; allowed" in proc.stderr
 
 
 def test_bench_without_sentence_transformers_says_what_to_install(monkeypatch, capsys, tmp_path):

@@ -57,8 +57,10 @@ def test_a_committed_record_validates_and_formats_as_its_committed_summary(path:
 def test_a_committed_record_is_written_back_field_for_field(path: Path):
     raw = json.loads(path.read_text())
     written = BenchResult.model_validate(raw).to_json()
-    if "overhead_trials" not in raw["options"]:  # a record from before the option: its default is filled in
-        assert written["options"].pop("overhead_trials") == BenchOptions().overhead_trials
+    defaults = BenchOptions()
+    for name in set(written["options"]) - set(raw["options"]):  # options newer than the record: their defaults
+        assert name in ("overhead_trials", "gpu_cases", "profile_steps")
+        assert written["options"].pop(name) == getattr(defaults, name)
     assert written == raw
 
 
@@ -76,7 +78,7 @@ def test_a_failed_part_keeps_its_partial_section_and_ctrl_c_stops_the_run(monkey
                "torch_threads": {"bare": 2, "ray_train": 2}}
         raise PartFailed(overhead._ratios(out)) from RuntimeError("Tune is broken here")
 
-    def ctrl_c(opts, say):
+    def ctrl_c(opts, rec):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(overhead, "bench_overhead", failing_overhead)
@@ -118,7 +120,7 @@ def test_a_written_record_reads_back_as_it_was_written(tmp_path):
     back = BenchResult.model_validate(raw)
     assert json.dumps(back.to_json()) == json.dumps(result.to_json())
     assert md_path.read_text() == format_markdown(back)
-    assert "| simcse-unsup bf16 | 2.00 | 128 | 2048 | 0.5 | — |" in md_path.read_text()
+    assert "| simcse-unsup bf16 | defaults | bf16 | 2.00 | 128 | — | 2048 | 0.5 | — | — |" in md_path.read_text()
 
 
 def test_a_record_that_is_not_a_bench_record_is_refused():
@@ -127,3 +129,64 @@ def test_a_record_that_is_not_a_bench_record_is_refused():
                 {**good, "failed": {"speed": "RuntimeError"}}):  # not a part
         with pytest.raises(ValueError):
             BenchResult.model_validate(bad)
+
+
+def test_a_case_that_fails_loses_only_itself_and_the_record_is_saved_after_every_case(monkeypatch, tmp_path):
+    """The training part with sentence-transformers' case failing: the methods measured before it stay, the failure
+    is named by part and case, and the record on disk after each case holds every case measured so far (a run
+    killed then keeps them). The failing case for real: tests/bench/test_bench.py."""
+    from raysent.bench import runner
+
+    def fake_case(spec, say, model=CaseResult):
+        if spec["kind"] == "st-mnrl":
+            raise RuntimeError("bench case st failed (exit 1):\nModuleNotFoundError: No module named 'datasets'")
+        return case(steps_per_second={"simcse-unsup": 2.0, "sg-opt": 1.0}[spec["label"]])
+
+    monkeypatch.setattr(runner, "run_case", fake_case)
+    on_disk: list[dict] = []
+
+    def save(result):
+        json_path, _ = write_results(result, tmp_path)
+        on_disk.append(json.loads(json_path.read_text()))
+
+    result = run_bench(BenchOptions(parts=["training"], methods=["simcse-unsup", "sg-opt"]), say=lambda m: None,
+                       save=save)
+    measured = [list(r["training"]["methods"]) for r in on_disk if "training" in r]
+    assert measured[:3] == [[], ["simcse-unsup"], ["simcse-unsup", "sg-opt"]]
+    first_failure = next(i for i, r in enumerate(on_disk) if r.get("failed_cases"))
+    assert first_failure == 3  # saved as soon as the case failed, with the cases before it
+    assert len(on_disk[first_failure]["training"]["methods"]) == 2
+    assert result.failed == {} and set(result.failed_cases) == {"training"}
+    assert result.failed_cases["training"]["st-mnrl"].startswith("RuntimeError: bench case st failed")
+    tr = result.training
+    assert tr is not None and tr.st_mnrl is None and tr.steps_per_second_vs_st_mnrl == {}
+    assert result.targets is not None and result.targets.simcse_unsup_vs_st_mnrl.value is None
+    raw = on_disk[-1]
+    assert raw == json.loads(write_results(result, tmp_path)[0].read_text())  # the last save is the whole record
+    md = format_markdown(BenchResult.model_validate(raw))
+    assert ("* `training`, case `st-mnrl` failed (the part's other cases are below; the whole error is in the "
+            ".json): ModuleNotFoundError: No module named 'datasets'") in md
+    assert "| simcse-unsup | 2.00 | 128 | 900 | — |" in md and "| sentence-transformers MNRL |" not in md
+
+
+def test_a_run_stopped_by_sigterm_names_the_signal_and_the_case():
+    result = BenchResult(options=BenchOptions(parts=["gpu"]), started=dt.datetime(2026, 11, 26, 9, 30),
+                         machine=machine(), interrupted="gpu", interrupted_by="SIGTERM", interrupted_case="compile")
+    md = format_markdown(BenchResult.model_validate(result.to_json()))
+    assert ("* interrupted (SIGTERM, as a timeout sends) during `gpu`, case `compile`; the parts after it did not run"
+            in md)
+
+
+def test_the_gpu_and_profile_options_are_checked():
+    from raysent.errors import RaysentError
+
+    with pytest.raises(RaysentError, match=r"--gpu-cases: unknown case\(s\) bf16; allowed, each at most once, in the "
+                                           r"order to run them: defaults, st-mnrl-bf16, fp32"):
+        BenchOptions(gpu_cases=["defaults", "bf16"]).check()
+    with pytest.raises(RaysentError, match=r"--gpu-cases: case\(s\) given twice: fp32"):
+        BenchOptions(gpu_cases=["fp32", "defaults", "fp32"]).check()
+    with pytest.raises(RaysentError, match="--gpu-cases: no case given"):
+        BenchOptions(gpu_cases=[]).check()
+    with pytest.raises(RaysentError, match="--profile-steps must be >= 1"):
+        BenchOptions(profile_steps=0).check()
+    BenchOptions(gpu_cases=["compile", "defaults"]).check()  # any order
