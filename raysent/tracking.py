@@ -316,3 +316,24 @@ def log_text(uri: str, run_id: str, text: str, name: str) -> None:
 
 def metric_history(uri: str, run_id: str, key: str) -> list[Any]:
     return client(uri).get_metric_history(run_id, key)
+
+
+def log_budget(uri: str, run_id: str, metrics: dict[str, float], curve: list[float], markdown: str) -> bool:
+    """A search's budget curve on its parent run (:mod:`raysent.report.budget`): ``metrics``
+    (``budget/expected_best_at_{n}``, ...), the curve again as ``budget/expected_best`` at step n (MLflow's chart)
+    and ``budget.md``; once per run (a resumed search does not log it twice). False when MLflow did not take it
+    (a warning says why: the search's results do not depend on it)."""
+    from mlflow.entities import Metric
+
+    try:
+        c = client(uri)
+        if "budget/configurations" in c.get_run(run_id).data.metrics:
+            return True
+        now = int(time.time() * 1000)
+        c.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()]
+                    + [Metric("budget/expected_best", float(v), now, n) for n, v in enumerate(curve, 1)])
+        c.log_text(run_id, markdown, "budget.md")
+        return True
+    except Exception as exc:
+        warnings.warn(f"MLflow ({redact(uri)}): the budget curve of run {run_id} not logged: {exc}", stacklevel=2)
+        return False

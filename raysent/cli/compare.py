@@ -26,6 +26,9 @@ def register(sub) -> None:
     cp.add_argument("--alpha", type=float, default=0.05, help="p-values below it are marked * (default 0.05)")
     cp.add_argument("--results-dir", default="results")
     cp.add_argument("--format", choices=["text", "json"], default="text")
+    cp.add_argument("--budget-plot", metavar="PNG", default=None,
+                    help="also write the budget curves of each RUN's search, overlaid, to this PNG (the expected best "
+                         "dev of n configurations with its bootstrap band, against n and against optimizer steps)")
     cp.set_defaults(func=run)
 
 
@@ -35,6 +38,17 @@ def run(args) -> int:
     check_results_dir(args.results_dir)
     phase = None if args.phase == "any" else args.phase
     res = compare(args.runs, args.results_dir, phase=phase, aggregation=args.aggregation,
-                  correlation=args.correlation)
+                  correlation=args.correlation, budget=True)
     print(json.dumps(res, indent=2) if args.format == "json" else format_comparison(res, alpha=args.alpha))
+    if args.budget_plot:
+        from raysent.report.budget import BudgetCurve
+        from raysent.report.plots import plot_budget
+
+        sides = [res["baseline"], *(c["run"] for c in res["comparisons"])]
+        curves = [(f"{d['spec']} (search {d['search']})", BudgetCurve.model_validate(d["budget"]))
+                  for d in sides if d.get("budget")]
+        if curves:
+            print(f"budget curves: {plot_budget(curves, args.budget_plot)}")
+        else:
+            print("budget curves: none of the runs comes from one search; no plot written")
     return 0

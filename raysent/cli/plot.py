@@ -17,11 +17,12 @@ def register(sub) -> None:
                         description="Writes results/<experiment>/plots/dev_curves.png (dev score over steps per "
                         "seed), search_hyperparameters.png (best dev score against each searched hyperparameter), "
                         "optuna_importances.png and optuna_parallel_coordinate.png (Optuna's own matplotlib plots "
-                        "of the study in results/<experiment>/optuna.db). The layer x pooling grid is "
+                        "of the study in results/<experiment>/optuna.db) and budget.png (the search's budget curve: "
+                        "the expected best dev of n configurations). The layer x pooling grid is "
                         "`raysent eval --model M --layers --plot FILE.png`.")
     pl.add_argument("experiment", help="experiment name (a folder under --results-dir)")
     pl.add_argument("--kinds", action="append", metavar="K1,K2",
-                    help="subset of dev, hp, importance, parallel (default: all four)")
+                    help="subset of dev, hp, importance, parallel, budget (default: all five)")
     pl.add_argument("--search", metavar="ID", help="one search's runs and study (default: every run; the study of "
                     "the experiment's last search)")
     pl.add_argument("--results-dir", default="results")

@@ -96,8 +96,9 @@ def paired(a: dict[int, float], b: dict[int, float]) -> dict:
 
 
 def compare(specs: list[str], results_dir: str | Path = "results", phase: str | None = "final",
-            aggregation: str = "all", correlation: str = "spearman") -> dict:
-    """Every RUN after the first against the first (see the module docstring)."""
+            aggregation: str = "all", correlation: str = "spearman", budget: bool = False) -> dict:
+    """Every RUN after the first against the first (see the module docstring); ``budget``: each side's search's
+    budget curve too (``budget`` of the baseline and of each comparison's run; None where there is none)."""
     if len(specs) < 2:
         raise RaysentError("raysent compare needs at least two runs: RUN_A RUN_B [RUN_C ...]")
     check_choice(correlation, CORRELATIONS, "--correlation")
@@ -109,6 +110,8 @@ def compare(specs: list[str], results_dir: str | Path = "results", phase: str | 
     base_spec, base = sides[0]
     out = {"aggregation": aggregation, "correlation": correlation, "baseline": _describe(base_spec, base),
            "comparisons": []}
+    if budget:
+        out["baseline"]["budget"] = search_budget_of_runs(base, results_dir)
     for spec, other in sides[1:]:
         rows = {}
         for c in COLUMNS:
@@ -130,12 +133,39 @@ def compare(specs: list[str], results_dir: str | Path = "results", phase: str | 
         same = {r.path.resolve() for r in base.values()} == {r.path.resolve() for r in other.values()}
         both = sorted(set(base) & set(other))
         neither = [s for s in both if base[s].learned is False and other[s].learned is False]
-        out["comparisons"].append({"run": _describe(spec, other), "tasks": rows, "same_runs": same,
+        described = _describe(spec, other)
+        if budget:
+            described["budget"] = search_budget_of_runs(other, results_dir)
+        out["comparisons"].append({"run": described, "tasks": rows, "same_runs": same,
                                    "only_in_a": sorted(set(base) - set(other)),
                                    "only_in_b": sorted(set(other) - set(base)),
                                    "neither_learned_seeds": neither,
                                    "neither_learned": bool(neither) and neither == both})
     return out
+
+
+def search_budget_of_runs(runs: dict[int, Run], results_dir: str | Path) -> dict | None:
+    """The budget curve (:mod:`raysent.report.budget`) of the search the runs come from: the one its summary.json
+    holds, else computed from the search's records; None for runs of several searches or of none."""
+    import json
+
+    from raysent.report.budget import BudgetCurve, search_budget
+
+    rs = list(runs.values())
+    keys = {(r.experiment, r.search) for r in rs}
+    if len(keys) != 1:
+        return None
+    (experiment, search) = keys.pop()
+    exp = Path(results_dir) / experiment
+    summary = exp / "summary.json"
+    if summary.is_file():
+        data = json.loads(summary.read_text())
+        if data.get("search") == search and data.get("budget"):
+            return BudgetCurve.model_validate(data["budget"]).model_dump()
+    search_cfg = rs[0].record.config.get("search") or {}
+    curve = search_budget(exp, search, search_cfg.get("mode", "max"), seeds=search_cfg.get("seeds"),
+                          final_config=rs[0].config_id if rs[0].phase == "final" else None)
+    return curve.model_dump() if curve is not None else None
 
 
 def _describe(spec: str, runs: dict[int, Run]) -> dict:
@@ -222,4 +252,31 @@ def format_comparison(res: dict, alpha: float = 0.05) -> str:
         if 0 < n < 6:
             lines.append(f"note: with {n} paired seeds Wilcoxon's smallest possible p is {2 / 2 ** n:.3g} "
                          "(it needs 6 seeds to reach p < 0.05)")
+    lines += format_budgets(res)
     return "\n".join(lines)
+
+
+def format_budgets(res: dict) -> list[str]:
+    """The budget curves of the sides' searches, side by side: the expected best of n configurations (95 %
+    bootstrap band) at the n every side has, its steps and its verdict (``compare(..., budget=True)``)."""
+    from raysent.report.budget import BudgetCurve
+
+    sides = [("A", res["baseline"].get("budget"))] + [(f"B{'' if len(res['comparisons']) == 1 else i}",
+                                                        c["run"].get("budget"))
+                                                       for i, c in enumerate(res["comparisons"], 1)]
+    curves = [(name, BudgetCurve.model_validate(b)) for name, b in sides if b]
+    if not curves:
+        return [] if "budget" not in res["baseline"] else ["", "budget curves: none of the sides comes from one search"]
+    common = min(c.configurations for _, c in curves)
+    shown = sorted({1, *(n for n in (2, 4, 8, 16, 32) if n < common), common})
+    lines = ["", "budget curves: expected best dev of n configurations of each side's search (mean over seeds; "
+             f"{curves[0][1].estimator}; [95 % bootstrap band])"]
+    for name, c in curves:
+        cells = "  ".join(f"n={n} {c.at(n):.2f} [{c.band_low[n - 1]:.2f}, {c.band_high[n - 1]:.2f}]" for n in shown)
+        steps = f"; {c.steps_total:,} steps" if c.steps_total is not None else ""
+        lines.append(f"  {name}: {cells}  (N={c.configurations}{steps})")
+        lines.append(f"     {c.verdict}")
+    missing = [name for name, b in sides if not b]
+    if missing:
+        lines.append(f"  {', '.join(missing)}: no search's budget curve (runs of several searches, or of none)")
+    return lines

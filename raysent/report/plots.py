@@ -8,6 +8,8 @@
   study in ``results/<experiment>/optuna.db`` (study ``search-<search id>``), from 8 completed trials on;
   ``optuna_parallel_coordinate.png``: the study's trials in parallel coordinates (:func:`plot_parallel`).
 * the layer × pooling heatmap of :func:`raysent.eval.layers.layer_grid` (SG-BERT's Figure 1).
+* ``budget.png``: the search's budget curve (:func:`plot_search_budget`; :mod:`raysent.report.budget`); several
+  searches' overlaid by :func:`plot_budget` (``raysent compare --budget-plot``).
 
 matplotlib with the Agg backend (no display needed). Imports no Ray.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 import json
 import warnings
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -30,9 +33,9 @@ from raysent.report.runs import Run, format_value, load_experiment
 
 # Lazy imports: optuna (heavy, and only the functions that need them import them).
 
-PLOT_KINDS = ("dev", "hp", "importance", "parallel")
+PLOT_KINDS = ("dev", "hp", "importance", "parallel", "budget")
 FILES = {"dev": "dev_curves.png", "hp": "search_hyperparameters.png", "importance": "optuna_importances.png",
-         "parallel": "optuna_parallel_coordinate.png"}
+         "parallel": "optuna_parallel_coordinate.png", "budget": "budget.png"}
 
 
 def _save(fig, path: Path) -> Path:
@@ -260,6 +263,8 @@ def plot_experiment(experiment: str, results_dir: str | Path = "results", kinds=
                 written.append(plot_dev_curves(runs, out / FILES[kind]))
             elif kind == "hp":
                 written.append(plot_hyperparameters(runs, out / FILES[kind]))
+            elif kind == "budget":
+                written.append(plot_search_budget(runs, Path(results_dir) / experiment, out / FILES[kind]))
             else:
                 study = load_study(results_dir, experiment, search)
                 written.append(plot_optuna(study, kind, out / FILES[kind]))
@@ -330,4 +335,57 @@ def plot_arm_curves(panels: list[tuple[str, dict[str, list[Run]]]], path: str | 
         ax.set_ylabel("STS-B dev Spearman ×100", fontsize=8)
     fig.suptitle(title or "dev score over training: mean ± std over seeds")
     fig.tight_layout()
+    return _save(fig, Path(path))
+
+
+def plot_search_budget(runs: list[Run], exp: Path, path: str | Path) -> Path:
+    """``budget.png``: the budget curve of the newest search of the runs
+    (:func:`raysent.report.budget.search_budget`)."""
+    from raysent.report.budget import search_budget
+
+    searched = [r for r in runs if r.phase == "search"]
+    if not searched:
+        raise RaysentError("no search-phase runs: a final phase alone has no budget curve")
+    run = max(r.search for r in searched)
+    mode = (searched[0].record.config.get("search") or {}).get("mode", "max")
+    curve = search_budget(exp, run, mode, final_config=None)
+    if curve is None:
+        raise RaysentError(f"search {run}: no configuration finished")
+    return plot_budget([(f"search {run}", curve)], path,
+                       title=f"{exp.name} (search {run}): expected best dev of n configurations; band: 95 % bootstrap; "
+                             "dotted: observed best so far")
+
+
+def plot_budget(curves: list[tuple[str, Any]], path: str | Path, title: str = "") -> Path:
+    """Budget curves (:class:`raysent.report.budget.BudgetCurve`), one per search, overlaid: the expected best dev
+    score of n configurations with its bootstrap band, against n (left) and against the optimizer steps n
+    configurations cost in expectation (right, where the steps are known); dotted, each search's observed best so
+    far in the order its configurations finished."""
+    if not curves:
+        raise RaysentError("no budget curve to plot")
+    with_steps = [c for c in curves if c[1].expected_steps]
+    fig, axes = plt.subplots(1, 2 if with_steps else 1, figsize=(12.0 if with_steps else 6.4, 4.4), squeeze=False,
+                             sharey=True)
+    for i, (label, c) in enumerate(curves):
+        color = plt.cm.tab10(i % 10)
+        n = np.arange(1, c.configurations + 1)
+        xs = [(axes[0][0], n)] + ([(axes[0][1], np.asarray(c.expected_steps))] if with_steps and c.expected_steps
+                                  else [])
+        for ax, x in xs:
+            ax.plot(x, c.expected_best, marker="o", ms=3, color=color,
+                    label=f"{label}: {c.configurations} configurations" + (f", {c.stopped_configurations} stopped"
+                                                                            if c.stopped_configurations else ""))
+            ax.fill_between(x, c.band_low, c.band_high, color=color, alpha=0.15, linewidth=0)
+            ax.plot(x, c.observed_best, color=color, linestyle=":", linewidth=1)
+    what = curves[0][1].estimator
+    axes[0][0].set_xlabel(f"configurations tried, n (drawn {what})")
+    axes[0][0].set_ylabel("expected best dev (mean over seeds, ×100)")
+    if with_steps:
+        axes[0][1].set_xlabel("optimizer steps, every seed (n × the search's mean per configuration)")
+    for ax in axes[0]:
+        ax.grid(alpha=0.3)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(len(curves), 2))
+    fig.suptitle(title or "expected best of n configurations; band: 95 % bootstrap; dotted: observed best so far",
+                 fontsize=10)
     return _save(fig, Path(path))

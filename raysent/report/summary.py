@@ -97,6 +97,10 @@ def format_summary(summary: Summary) -> str:
                   f"{len(best.stopped)} stopped early (stopped/)",
                   f"{best.not_learned_runs} learned nothing (best at step 0)", f"{best.diverged_runs} diverged"]
         lines.append(f"search trials: {', '.join(counts)}; configurations: {len(best.configurations)}")
+    if summary.budget is not None:
+        from raysent.report.budget import budget_lines
+
+        lines += budget_lines(summary.budget)
     if summary.final is not None:
         lines += _final_lines(summary, summary.final)
     published = summary.published

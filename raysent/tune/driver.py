@@ -6,12 +6,14 @@ Checks
     Every run record (``--resume``), the model, data, batch, results folder, MLflow store, Ray address and, on
     a local Ray, the resources, then MLflow's artifact store and registry: one error before Ray starts.
 Search phase (:func:`run_search`)
-    ``search.algorithm``: Optuna's TPE (seeded, the default) or its random sampler, both through
+    ``search.algorithm``: Optuna's multivariate TPE (``optuna-tpe``, seeded, the default; ``optuna`` is its
+    earlier name), its GPSampler (``optuna-gp``) or its random sampler (:func:`sampler_of`), each through
     ``ray.tune.search.optuna.OptunaSearch`` with a define-by-run space (conditional entries), the Optuna study
     kept in ``results/<experiment>/optuna.db``; or ``grid`` (Tune's ``grid_search``). The warm-start
     configuration is tried first (:class:`~raysent.tune.plan.SearchPlan`). ``search.seeds`` > 1 wraps the
     searcher in Tune's ``Repeater`` (each suggestion once per seed; the searcher is told the mean), or, with a
-    scheduler, makes a trial train all its seeds in turns (:mod:`raysent.tune.seeds`). A trial
+    scheduler (ASHA) or a pruner (Wilcoxon; :mod:`raysent.tune.schedulers`), makes a trial train all its seeds in
+    turns (:mod:`raysent.tune.seeds`). A trial
     (:func:`raysent.tune.trial.run_trial`) trains through Ray Train (``resources.workers``) or in its own
     process; the best configuration is picked from the records (:mod:`raysent.tune.best`).
 Final phase (:func:`run_final`)
@@ -48,6 +50,7 @@ from raysent.tracking import (
     end_runs_of,
     ensure_experiment,
     experiment_name,
+    log_budget,
     log_configuration,
     log_record_artifacts,
     redact,
@@ -57,10 +60,11 @@ from raysent.tracking import (
 )
 from raysent.train.ray_train import init_ray, worker_env
 from raysent.train.records import RunRecord, check_records, validate_record
+from raysent.train.resources import Placement, resolve, tune_trial_resources
 from raysent.tune import mlflow_server
 from raysent.tune.best import arm_outcome, by_configuration, pick_best, records
 from raysent.tune.plan import SearchPlan
-from raysent.tune.publish import PublishError, check_publishing, publish
+from raysent.tune.publish import PublishError, check_publishing, publish, search_budget_of
 from raysent.tune.seeds import run_seeds
 from raysent.tune.space import config_id, encode, suggest, warm_source
 from raysent.tune.state import ArmOutcome, Best, Comparison, FailedTrial, SearchState, Summary
@@ -200,8 +204,7 @@ def _trainable(cfg: ExperimentConfig, ctx: TrialContext, together: bool = False)
     from ray import tune
 
 
-    r = cfg.resources
-    res = {"CPU": r.trial_cpus} if r.workers else {"CPU": r.cpus_per_worker, "GPU": r.gpus_per_worker}
+    res = tune_trial_resources(cfg)  # its gpus_per_worker resolved (tune_experiment)
     return tune.with_resources(tune.with_parameters(run_seeds if together else run_trial, ctx=ctx), res)
 
 
@@ -221,6 +224,27 @@ class DefineByRun:
         suggest(trial, self.space)
 
 
+def sampler_of(cfg: ExperimentConfig):
+    """The Optuna sampler of ``search.algorithm`` (not grid), seeded by ``search.seed``: optuna-tpe, Optuna's
+    multivariate TPESampler (what ``optuna`` always was: Optuna 5's default for one objective); optuna-gp, its
+    GPSampler; random, its RandomSampler. ``search.n_startup_trials`` sets the random configurations TPE and GP
+    draw before their model is used (Optuna's default otherwise, 10)."""
+    import optuna
+
+    s = cfg.search
+    assert s is not None
+    startup = {} if s.n_startup_trials is None else {"n_startup_trials": s.n_startup_trials}
+    if s.algorithm == "optuna-tpe":
+        return optuna.samplers.TPESampler(seed=s.seed, multivariate=True, **startup)
+    if s.algorithm == "optuna-gp":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # experimental in some Optuna versions
+            return optuna.samplers.GPSampler(seed=s.seed, **startup)
+    if s.algorithm == "random":
+        return optuna.samplers.RandomSampler(seed=s.seed)
+    raise RaysentError(f"search.algorithm {s.algorithm!r} has no Optuna sampler (a grid is Tune's grid_search)")
+
+
 def _searcher(cfg: ExperimentConfig, plan: SearchPlan, exp: Path, run: str, metric: str):
     """(Tune's search algorithm, param_space): Optuna with the warm-start point first, or a grid."""
     from ray import tune
@@ -234,8 +258,7 @@ def _searcher(cfg: ExperimentConfig, plan: SearchPlan, exp: Path, run: str, metr
     import optuna
     from ray.tune.search.optuna import OptunaSearch
 
-    sampler = (optuna.samplers.TPESampler(seed=s.seed) if s.algorithm == "optuna"
-               else optuna.samplers.RandomSampler(seed=s.seed))
+    sampler = sampler_of(cfg)
     storage = optuna.storages.RDBStorage(f"sqlite:///{exp / 'optuna.db'}")
     searcher = OptunaSearch(space=DefineByRun(s.space), sampler=sampler,
                             study_name=f"search-{run}", storage=storage, metric=metric, mode=s.mode,
@@ -261,16 +284,9 @@ def run_search(cfg: ExperimentConfig, plan: SearchPlan, exp: Path, state: Search
     ctx = _context(cfg, exp, state, "search", mlflow)
     trainable = _trainable(cfg, ctx, together=plan.together)
     searcher, param_space = _searcher(cfg, plan, exp, run, metric)
-    scheduler, callbacks = None, []
-    if s.scheduler is not None:
-        from ray.tune.schedulers import ASHAScheduler
+    from raysent.tune.schedulers import early_stopping
 
-        from raysent.tune.stopped import StoppedTrials
-
-        callbacks.append(StoppedTrials(ctx))  # the trials ASHA stops get a record too
-        scheduler = ASHAScheduler(time_attr="training_iteration", metric=metric, mode=s.mode,
-                                  grace_period=s.scheduler.grace_period, reduction_factor=s.scheduler.reduction_factor,
-                                  max_t=s.scheduler.max_t or 10**6)
+    scheduler, callbacks = early_stopping(cfg, ctx, metric)  # ASHA or Wilcoxon; the trials they stop get a record
     fail_fast = FailFast(s.fail_fast)
     callbacks.append(fail_fast)
     storage = tune_storage(cfg, exp)
@@ -281,8 +297,12 @@ def run_search(cfg: ExperimentConfig, plan: SearchPlan, exp: Path, state: Search
         say(f"search.warm_start: the paper's setting cannot be tried first ({plan.warm_note})")
     if plan.warm is not None:
         say(f"search.warm_start: the paper's setting {plan.warm} is tried first")
+    if plan.startup_note:
+        say(f"search.n_startup_trials: {plan.startup_note}")
+    stopper = ("the scheduler sees their mean" if s.scheduler is not None else
+               "Optuna's WilcoxonPruner tests their per-seed scores")
     say(f"search {run}: {s.algorithm}, {plan.trials} trials "
-        + (f"(each trains {s.seeds} seeds in turns; the scheduler sees their mean)" if per == 1 < s.seeds
+        + (f"(each trains {s.seeds} seeds in turns; {stopper})" if per == 1 < s.seeds
            else f"({s.seeds} seed(s) each)") + f", metric {metric} ({s.mode})")
     if resume and Tuner.can_restore(path):
         tuner = Tuner.restore(path, trainable=trainable, resume_unfinished=True, resume_errored=False,
@@ -427,14 +447,22 @@ def _open_mlflow(cfg: ExperimentConfig, state: SearchState | None, final_only: b
     return uri, exp_id
 
 
+def _phase_trials(cfg: ExperimentConfig, state: SearchState | None, final_only: bool) -> int:
+    """Tune trials of the phase a search starts (or resumes) with: the search's, else the final phase's."""
+    searching = not final_only and cfg.search is not None and (state is None or state.phase == "search")
+    return SearchPlan.of(cfg).trials if searching else len(cfg.seeds)
+
+
 def _start(cfg: ExperimentConfig, exp: Path, uri: str, exp_id: str | None, final_only: bool,
-           source: str) -> SearchState:
+           source: str, place: Placement | None = None) -> SearchState:
     phase = "final" if final_only else "search"
     state = SearchState(run=datetime.now().strftime("%Y%m%d-%H%M%S"), phase=phase, config=cfg.to_dict(),
-                        source=source)
+                        source=source, resources=place.record() if place is not None else None)
     if exp_id is not None:
-        state.parent_run_id = start_run(uri, exp_id, f"{phase}-{state.run}",
-                                        {"method": cfg.method, "model": cfg.model.name, "phase": phase})
+        tags = {"method": cfg.method, "model": cfg.model.name, "phase": phase}
+        if place is not None and place.gpus_per_worker is not None:
+            tags["gpus_per_worker"] = f"{place.gpus_per_worker:g}"
+        state.parent_run_id = start_run(uri, exp_id, f"{phase}-{state.run}", tags)
     state.save(exp)
     return state
 
@@ -462,16 +490,25 @@ def tune_experiment(cfg: ExperimentConfig, resume: bool = False, final_only: boo
     uri, exp_id = _open_mlflow(cfg, state, final_only)
     exp.mkdir(parents=True, exist_ok=True)
     trains = state is None or state.phase not in ("publish", "done")
+    place = None
     if trains or cfg.resources.address or os.environ.get("RAY_ADDRESS"):  # publishing may fetch a model from a node
 
         init_ray(cfg)
+        # resources.gpus_per_worker auto, resolved once, here: every trial is given the number (its config, run record
+        # and result.json hold it), the search's state and summary record it
+        cfg, place = resolve(cfg, trials=_phase_trials(cfg, state, final_only))
         check_resources(cfg)  # against the Ray this search runs on
+        say(place.describe())
     if state is not None and (restored := restore_records(cfg, exp, state.run)):
         say(f"--resume: {restored} run record(s) written again from the results Tune kept")
     if state is None:
-        state = _start(cfg, exp, uri, exp_id, final_only, source)
-    elif exp_id is not None and state.parent_run_id:
-        reopen_run(uri, state.parent_run_id)  # --resume: the search's run is running again
+        state = _start(cfg, exp, uri, exp_id, final_only, source, place)
+    else:
+        if exp_id is not None and state.parent_run_id:
+            reopen_run(uri, state.parent_run_id)  # --resume: the search's run is running again
+        if place is not None:  # --resume: the resources of this run of it (the cluster may be another)
+            state.resources = place.record()
+            state.save(exp)
     mlflow = MlflowTarget(uri=uri, experiment_id=exp_id, parent=state.parent_run_id) if exp_id else None
     say(f"experiment {exp.name}: results in {exp}" + (f", MLflow {redact(uri)}" if mlflow else ""))
     plan = SearchPlan.of(cfg)
@@ -536,8 +573,14 @@ def _finish(cfg: ExperimentConfig, exp: Path, state: SearchState, mlflow: Mlflow
                       paper=state.paper, vs_paper=state.vs_paper, warm_source=state.warm_source,
                       mlflow=redact(mlflow.uri) if mlflow else None,
                       mlflow_runs_url=runs_view_url(mlflow.experiment_id) if mlflow else None, wall_seconds=wall,
-                      published=state.published)
+                      budget=search_budget_of(cfg, exp, state), published=state.published,
+                      resources=state.resources)
     summary.save(exp)
+    if mlflow and state.parent_run_id and summary.budget is not None:  # also a search without its final phase
+        from raysent.report.budget import budget_markdown, budget_metrics
+
+        log_budget(mlflow.uri, state.parent_run_id, budget_metrics(summary.budget), summary.budget.expected_best,
+                   budget_markdown(summary.budget))
     if state.phase == "publish":
         try:
             state.published = publish(cfg, exp, state, mlflow, say, save=lambda: state.save(exp))

@@ -132,6 +132,16 @@ def outcome_metrics(state: SearchState) -> dict[str, float]:
     return out
 
 
+def search_budget_of(cfg: ExperimentConfig, exp: Path, state: SearchState):
+    """The search's budget curve (:func:`raysent.report.budget.search_budget`) from its records; None for a final
+    phase alone (``--final-only``) or a search without a finished configuration."""
+    from raysent.report.budget import search_budget
+
+    if state.best is None or not state.best.configurations or cfg.search is None:
+        return None
+    return search_budget(exp, state.run, cfg.search.mode, seeds=cfg.search.seeds, final_config=state.best.config_id)
+
+
 def best_final(recs: list[RunRecord]) -> RunRecord:
     """The final run whose model is logged: the best dev score (the first seed on a tie)."""
     return max(recs, key=lambda r: (r.best_dev_spearman, -r.seed))
@@ -165,6 +175,14 @@ def publish(cfg: ExperimentConfig, exp: Path, state: SearchState, mlflow: Mlflow
     out.files = [str(p.relative_to(exp)) for p in table.write(exp / "summary")]
     plots, _ = plot_experiment(exp.name, exp.parent, search=state.run)
     section = results_markdown(table, state)
+    budget = search_budget_of(cfg, exp, state)
+    if budget is not None:  # summary.md, the card and the registry gain the budget curve; plots/budget.png
+        from raysent.report.budget import budget_markdown
+
+        text = budget_markdown(budget)
+        summary_md = exp / "summary.md"
+        summary_md.write_text(summary_md.read_text().rstrip() + "\n\n" + text)
+        section = section.rstrip() + "\n\n" + text.replace("## Budget curve", "### Budget curve", 1)
     for r in recs:
         folder = Path(r.best_model_dir or "")
         if (folder / "raysent.json").is_file():
@@ -195,10 +213,11 @@ def _to_mlflow(cfg: ExperimentConfig, exp: Path, state: SearchState, mlflow: Mlf
     now = int(time.time() * 1000)
     params = {**{k: v for k, v in hyperparameters(best_cfg).items() if k != "seed"},
               "seeds": json.dumps(sorted(r.seed for r in recs)), "searched": json.dumps(sorted(best.hp))}
+    metrics = [Metric(k, v, now, 0) for k, v in outcome_metrics(state).items()]
     try:
         logged = c.get_run(parent).data.params  # a resumed publish: MLflow params are written once
         new = [Param(k, _text(v)) for k, v in sorted(params.items()) if k not in logged]
-        c.log_batch(parent, metrics=[Metric(k, v, now, 0) for k, v in outcome_metrics(state).items()],
+        c.log_batch(parent, metrics=metrics,
                     params=new, tags=[RunTag("mlflow.note.content", section), RunTag("best_config_id", best.config_id)])
     except Exception as exc:
         raise _fail(f"MLflow ({redact(uri)}) did not take the search's outcome (run {parent})", exc,

@@ -414,7 +414,7 @@ def test_plots_are_png(results, tmp_path):
                    + tr.suggest_categorical("lr", [1e-5, 3e-5]) * 1e4, n_trials=4)
     written, skipped = plot_experiment("abl", results)
     assert not skipped, skipped
-    assert sorted(p.name for p in written) == ["dev_curves.png", "optuna_importances.png",
+    assert sorted(p.name for p in written) == ["budget.png", "dev_curves.png", "optuna_importances.png",
                                                "optuna_parallel_coordinate.png", "search_hyperparameters.png"]
     for p in written:
         assert p.parent == results / "abl" / "plots"
