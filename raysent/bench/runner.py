@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, overload
 
 from pydantic import BaseModel
 
@@ -99,7 +99,11 @@ def method_config(opts: BenchOptions, method: str, **train) -> dict:
             "tracking": {"enabled": False}}
 
 
-def run_case(spec: dict, say: Say, model: type[M] = CaseResult) -> M:  # type: ignore[assignment]
+@overload
+def run_case(spec: dict, say: Say) -> CaseResult: ...
+@overload
+def run_case(spec: dict, say: Say, model: type[M]) -> M: ...
+def run_case(spec: dict, say: Say, model: type[BaseModel] = CaseResult) -> BaseModel:
     """One case in a fresh process (:mod:`raysent.bench.cases`), its report read as ``model``."""
     proc = subprocess.run([sys.executable, "-m", "raysent.bench.cases", json.dumps(spec)], capture_output=True,
                           text=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
@@ -136,8 +140,12 @@ class Recorder:
         setattr(self.result, part, section)  # validated on assignment
         self.save()
 
-    def case(self, part: Part, label: str, spec: dict, model: type[M] = CaseResult,  # type: ignore[assignment]
-             announce: str | None = None) -> M | None:
+    @overload
+    def case(self, part: Part, label: str, spec: dict, *, announce: str | None = None) -> CaseResult | None: ...
+    @overload
+    def case(self, part: Part, label: str, spec: dict, model: type[M], announce: str | None = None) -> M | None: ...
+    def case(self, part: Part, label: str, spec: dict, model: type[BaseModel] = CaseResult,
+             announce: str | None = None) -> BaseModel | None:
         """The case of ``spec`` run in its own process (:func:`run_case`), or None when it failed (recorded under
         ``failed_cases[part][label]``). ``announce``: its progress line, said once it is the running case."""
         self.current = label
@@ -155,13 +163,22 @@ class Recorder:
         return out
 
 
+# an absolute path in an error names the machine that ran the bench (its user, its temporary folders); records
+# are committed under results/bench/, so errors keep only a path's last part (tests/train/test_records.py)
+_ABSOLUTE_PATH = re.compile(r"(?<![\w:.~$/-])/(?:[^\s\"'`)/]+/)+(?=[^\s\"'`)/])")
+
+
+def _redact(text: str) -> str:
+    return _ABSOLUTE_PATH.sub(".../", text)
+
+
 def _error(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
+    return _redact(f"{type(exc).__name__}: {exc}")
 
 
 def _last_line(exc: BaseException) -> str:
     # a worker's error, and a case's, ends with the last line of its traceback
-    return f"{type(exc).__name__}: " + (str(exc).strip().splitlines() or [""])[-1][:300]
+    return _redact(f"{type(exc).__name__}: " + (str(exc).strip().splitlines() or [""])[-1][:300])
 
 
 def _method_spec(opts: BenchOptions, label: str, method: str, **train) -> dict:
@@ -304,12 +321,12 @@ def peak_for(case: CaseResult, peaks: dict[str, float | None]) -> tuple[float | 
 def add_mfu(case: CaseResult, peaks: dict[str, float | None]) -> None:
     """Set the case's model FLOPs, model TFLOP/s and MFU from what it measured (nothing where a count is
     missing)."""
-    need = (case.encoder_params_non_embedding, case.encoder_layers, case.attention_heads, case.head_dim,
-            case.encoder_tokens_per_step, case.encoder_tokens_sq_per_step)
-    if any(x is None for x in need):
+    n, layers, heads, head_dim = (case.encoder_params_non_embedding, case.encoder_layers, case.attention_heads,
+                                  case.head_dim)
+    tokens, tokens_sq = case.encoder_tokens_per_step, case.encoder_tokens_sq_per_step
+    if n is None or layers is None or heads is None or head_dim is None or tokens is None or tokens_sq is None:
         return
-    n, layers, heads, head_dim, tokens, tokens_sq = need
-    case.model_flops_per_step = model_flops_per_step(n, layers, heads, head_dim, tokens, tokens_sq)  # type: ignore[arg-type]
+    case.model_flops_per_step = model_flops_per_step(n, layers, heads, head_dim, tokens, tokens_sq)
     case.model_tflops = case.model_flops_per_step * case.steps_per_second / 1e12
     case.peak_tflops, case.peak_kind = peak_for(case, peaks)
     case.mfu = case.model_tflops / case.peak_tflops if case.peak_tflops else None

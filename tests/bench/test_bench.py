@@ -284,3 +284,13 @@ def test_the_device_peak_is_looked_up_by_the_whole_model_name(name, peak):
 
     assert peak_bf16_tflops(name) == peak
 
+
+
+def test_a_recorded_error_names_no_machine_path():
+    """A case's error goes into a committed record (results/bench/): an absolute path keeps only its last part."""
+    from raysent.bench.runner import _error
+
+    exc = PermissionError(13, "Permission denied", "/tmp/site/ray/core/src/ray/gcs/gcs_server")
+    assert _error(exc) == "PermissionError: [Errno 13] Permission denied: '.../gcs_server'"
+    err = _error(OSError("no /work/x.json; see https://x.org/a/b or ../rel/c/d"))
+    assert err == "OSError: no .../x.json; see https://x.org/a/b or ../rel/c/d"
