@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any
 
 from raysent.config import ExperimentConfig, load_config, parse_config, with_overrides
 from raysent.errors import RaysentError
-from raysent.models.sentence_encoder import SentenceEncoder, load
 from raysent.preflight import preflight
 from raysent.report.runs import TASK_LABELS
 from raysent.train.records import read_record
@@ -35,10 +34,14 @@ from raysent.tune.state import SearchState
 if TYPE_CHECKING:  # pandas and the records load with the functions that return them
     import pandas as pd
 
+    from raysent.eval.results import TaskResult
+    from raysent.models.sentence_encoder import SentenceEncoder
     from raysent.train.records import RunRecord, TrainSummary
     from raysent.tune.state import Summary
 
-# Lazy imports: pandas, raysent's heavier modules (heavy, and only the functions that need them import them).
+# Lazy imports: torch (raysent.models), pandas, raysent's heavier modules (heavy, and only the functions that need
+# them import them: the command line reads an experiment file through resolve_config, and refuses a bad one before
+# torch, Ray or MLflow is imported).
 
 ConfigLike = str | Path | Mapping[str, Any] | ExperimentConfig
 
@@ -75,6 +78,9 @@ class SearchResult:
     registered_model: str | None  # ``models:/<name>/<version>`` when the model was registered
     results_dir: Path
     summary: Summary = field(repr=False)  # summary.json: what `raysent tune` prints
+    # per arm (the search's runs, the searched best's final runs, the warm-start configuration's): how many of its
+    # runs learned nothing (best dev checkpoint at step 0: they report the untouched encoder), of how many
+    not_learned: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def load(self) -> SentenceEncoder:
         """The best model, ready to ``encode``."""
@@ -82,13 +88,37 @@ class SearchResult:
             raise RaysentError(f"search {self.search} of {self.experiment} has no final best model")
         return load(self.best_model_path)
 
+    @property
+    def learning(self) -> str:
+        """One line: per arm, the runs that learned nothing, of all (what :func:`search` prints, even quiet);
+        in capitals when any run learned nothing."""
+        parts = ", ".join(f"{arm} {k}/{n}" for arm, (k, n) in self.not_learned.items())
+        if any(k for k, _ in self.not_learned.values()):
+            return f"RUNS THAT LEARNED NOTHING (best dev checkpoint at step 0: the untouched encoder): {parts}"
+        return f"runs that learned nothing (best dev checkpoint at step 0): {parts}"
+
 
 def search(config: ConfigLike, overrides: Mapping[str, Any] | None = None, *, resume: bool = False,
            final_only: bool = False, address: str | None = None, quiet: bool = True) -> SearchResult:
     """``raysent tune``: search the experiment's space, run the best configuration on every seed, evaluate it,
     write results/ and MLflow. ``resume`` continues an interrupted search (or only logs its outcome again);
-    ``final_only`` runs the configuration as given on every seed. Raises
-    :class:`~raysent.tune.publish.PublishError` when the search finished but MLflow did not take its outcome."""
+    ``final_only`` runs the configuration as given on every seed. ``quiet`` (the default) prints nothing while it
+    runs (no progress lines, no Tune status tables); at the end it prints one line, quiet or not: per arm, how
+    many runs learned nothing (:attr:`SearchResult.learning`). Raises :class:`~raysent.tune.publish.PublishError`
+    when the search finished but MLflow did not take its outcome."""
+    try:
+        result = tune_search(config, overrides, resume=resume, final_only=final_only, address=address, quiet=quiet)
+    except RaysentError as exc:
+        if getattr(exc, "result", None) is not None:  # PublishError: the search itself finished
+            print(exc.result.learning)  # type: ignore[attr-defined]  # a PublishError's result: a SearchResult
+        raise
+    print(result.learning)
+    return result
+
+
+def tune_search(config: ConfigLike, overrides: Mapping[str, Any] | None = None, *, resume: bool = False,
+                final_only: bool = False, address: str | None = None, quiet: bool = True) -> SearchResult:
+    """:func:`search` without its closing line: what `raysent tune` runs, which prints the whole summary."""
     from raysent.tune.driver import tune_experiment
 
     cfg = resolve_config(config, overrides)
@@ -126,7 +156,26 @@ def search_result(summary: Summary) -> SearchResult:
         records=typed, mlflow_run_id=(published.parent_run_id if published else None) or _parent(exp),
         best_model_path=Path(chosen.best_model_dir) if chosen and chosen.best_model_dir else None,
         registered_model=published.registered.uri if published and published.registered else None,
-        results_dir=exp, summary=summary)
+        results_dir=exp, summary=summary, not_learned=not_learned(typed, summary))
+
+
+WARM_ARMS = {"paper": "the paper's setting", "file": "the file's setting"}  # the warm-start arm, by its values' source
+
+
+def not_learned(records: Sequence[RunRecord], summary: Summary) -> dict[str, tuple[int, int]]:
+    """Per arm of a search, (runs that learned nothing, runs): ``search`` (every configuration it tried), ``searched
+    best`` (the winner's final runs) and the warm-start configuration's final runs, when it ran them. A method that
+    does not train (``learned`` None) counts as neither."""
+    best = summary.best.config_id if summary.best else None
+    warm = summary.vs_paper.paper if summary.vs_paper else None
+    arms: dict[str, list[RunRecord]] = {"search": [r for r in records if r.phase == "search"]}
+    arms["searched best" if summary.best and summary.best.hp else "final"] = [
+        r for r in records if r.phase == "final" and r.config_id == best]
+    if warm is not None and warm != best:
+        arms[WARM_ARMS[summary.warm_source or "paper"]] = [r for r in records if r.phase == "final"
+                                                          and r.config_id == warm]
+    return {arm: (sum(r.learned is False for r in runs), sum(r.learned is not None for r in runs))
+            for arm, runs in arms.items() if runs}
 
 
 def _parent(exp: Path) -> str | None:
@@ -163,7 +212,7 @@ class EvalResult:
     pooling: str
     tasks: list[str]
     metrics: dict[str, float]
-    details: dict[str, Any]
+    details: dict[str, TaskResult]
     seconds: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     sentences_embedded: int = 0
@@ -171,10 +220,10 @@ class EvalResult:
     @property
     def text(self) -> str:
         """The tables ``raysent eval`` prints."""
-        from raysent.eval.suite import format_tables
+        from raysent.eval.results import Evaluation
 
-        return format_tables({"details": self.details, "seconds": self.seconds, "notes": self.notes},
-                             title=f"{self.model}  pooling={self.pooling}  tasks={','.join(self.tasks)}")
+        return Evaluation(tasks=self.tasks, **self.details, seconds=self.seconds, notes=self.notes).table(
+            title=f"{self.model}  pooling={self.pooling}  tasks={','.join(self.tasks)}")
 
     @property
     def table(self) -> pd.DataFrame:
@@ -194,6 +243,7 @@ def evaluate(model: str | Path | SentenceEncoder, tasks: str | Sequence[str] = (
     :class:`SentenceEncoder`) on ``tasks`` (sts, senteval, search, geometry, sts17). ``options``: per task, the
     evaluator's keywords (``{"sts": {"aggregation": "wmean"}}``)."""
     from raysent.eval.suite import check_tasks, evaluate_tasks
+    from raysent.models.sentence_encoder import SentenceEncoder
 
     tasks = check_tasks(tasks, field="tasks")
     encoder = model if isinstance(model, SentenceEncoder) else load(model, pooling=pooling, max_length=max_length,
@@ -201,9 +251,30 @@ def evaluate(model: str | Path | SentenceEncoder, tasks: str | Sequence[str] = (
     res = evaluate_tasks(encoder.encode, tasks, max_samples=max_samples,
                          options={t: dict(o) for t, o in (options or {}).items()}, progress=progress)
     name = str(model) if not isinstance(model, SentenceEncoder) else model.path
-    return EvalResult(model=name, pooling=encoder.pooling, tasks=tasks, metrics=res["metrics"],
-                      details=res["details"], seconds=res["seconds"], notes=res["notes"],
-                      sentences_embedded=res["sentences_embedded"])
+    return EvalResult(model=name, pooling=encoder.pooling, tasks=tasks, metrics=res.metrics(), details=res.details(),
+                      seconds=res.seconds, notes=res.notes, sentences_embedded=res.sentences_embedded or 0)
 
 
-__all__ = ["EvalResult", "SearchResult", "SentenceEncoder", "evaluate", "fit", "load", "resolve_config", "search"]
+# --------------------------------------------------------------------------- load
+def load(model: str | Path, pooling: str | None = None, max_length: int | None = None,
+         batch_size: int = 128) -> SentenceEncoder:
+    """A saved model (a folder raysent saved, a sentence-transformers folder, a name under RAYSENT_MODEL_DIR or a
+    hub id) with its pooling, ready to ``encode`` (:func:`raysent.models.sentence_encoder.load`): ``pooling``
+    overrides the one the model names, and a model that names none needs it. A pooling the model cannot read
+    (``cls`` without a trained pooler, ``layeratt`` without its pooler) or a ``max_length`` beyond its positions is
+    refused here, not at the first ``encode``."""
+    from raysent.models.sentence_encoder import load as load_model
+
+    return load_model(model, pooling=pooling, max_length=max_length, batch_size=batch_size)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "SentenceEncoder":  # with torch, when first asked for
+        from raysent.models.sentence_encoder import SentenceEncoder
+
+        return SentenceEncoder
+    raise AttributeError(f"module 'raysent.api' has no attribute {name!r}")
+
+
+__all__ = ["EvalResult", "SearchResult", "SentenceEncoder", "evaluate", "fit", "load", "resolve_config", "search",
+           "tune_search"]

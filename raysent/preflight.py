@@ -22,7 +22,7 @@ from urllib.parse import urlparse
 
 from raysent.config import ExperimentConfig, with_overrides
 from raysent.data import load
-from raysent.errors import RaysentError
+from raysent.errors import RaysentError, advice, set_field
 from raysent.io import not_a_folder
 from raysent.tracking import redact, tracking_uri
 
@@ -39,7 +39,7 @@ def stage_configs(cfg: ExperimentConfig) -> list[ExperimentConfig]:
     from raysent.methods import get_method
     from raysent.methods.base import PREVIOUS_STAGE_BEST
 
-    stages = get_method(cfg.method).stages(cfg) or [(None, {})]
+    stages = get_method(cfg.method).stages(cfg) or [("", {})]  # one stage: the config as it is
     return [with_overrides(cfg, {k: v for k, v in ov.items() if v != PREVIOUS_STAGE_BEST}) for _, ov in stages]
 
 
@@ -154,12 +154,36 @@ def check_data(cfg: ExperimentConfig) -> dict[str, Any]:
     return rows
 
 
+def max_lengths(cfg: ExperimentConfig) -> dict[str, int]:
+    """Every tokens-per-sentence a run of ``cfg`` may use, by the field that sets it: ``train.max_length``,
+    ``eval.max_length`` and, when searched, the largest value its search space can pick."""
+    out = {"train.max_length": cfg.train.max_length, "eval.max_length": cfg.eval.max_length}
+    for key, entry in (cfg.search.space.items() if cfg.search is not None else ()):
+        if key.split(".")[-1] == "max_length":
+            values = [int(v) for v in (entry.values or [entry.high]) if v is not None]
+            if values:
+                out[f"search.space.{key}"] = max(values)
+    return out
+
+
+def check_lengths(cfg: ExperimentConfig, model: dict[str, Any]) -> list[str]:
+    """The tokens per sentence a run asks for against the positions of its model (``model``: what
+    :func:`raysent.models.encoder.check_model` found): a sentence longer than the position embeddings would
+    fail in the middle of training, or be cut where the file said otherwise."""
+    limit = model.get("positions")
+    if not limit:
+        return []
+    return [f"{cfg._source}: {field}: got {value}: more than the {limit} token positions of model "
+            f"{cfg.model.name!r} ({model.get('path')}); allowed: 2..{limit}"
+            for field, value in max_lengths(cfg).items() if value > limit]
+
+
 def check_writable(path: str | Path, field: str) -> str:
     """Whether results can be written under ``path`` (its nearest existing folder is writable)."""
     p = Path(path).expanduser().resolve()
     why = not_a_folder(p)
     if why:
-        raise PreflightError(f"{field}: {p} {why}. Point it at a folder: --set {field}=PATH")
+        raise PreflightError(f"{field}: {p} {why}. Point it at a folder: {set_field(field)}")
     here = p
     while not here.exists() and here != here.parent:
         here = here.parent
@@ -168,7 +192,7 @@ def check_writable(path: str | Path, field: str) -> str:
             pass
     except OSError as exc:
         raise PreflightError(f"{field}: {p} cannot be written ({here}: {exc.strerror or exc}). Point it at a "
-                             f"writable folder: --set {field}=PATH") from None
+                             f"writable folder: {set_field(field)}") from None
     return str(p)
 
 
@@ -207,8 +231,8 @@ def check_mlflow_store(cfg: ExperimentConfig) -> str:
         check_writable(folder, field)
         if path.is_file() and not os.access(path, os.W_OK):
             raise PreflightError(f"{field}: the MLflow store {path} cannot be written (read-only). Point "
-                                 f"{field} at a writable store (--set tracking.mlflow_uri=... or "
-                                 "--set tracking.results_dir=PATH)")
+                                 f"{field} at a writable store ({set_field('tracking.mlflow_uri', 'URI')} or "
+                                 f"{set_field('tracking.results_dir')})")
         return redact(uri)
     if uri.startswith(("http://", "https://")):
         try:
@@ -216,9 +240,9 @@ def check_mlflow_store(cfg: ExperimentConfig) -> str:
                 pass
         except OSError as exc:
             reason = getattr(exc, "reason", None) or exc
+            off = advice("--set tracking.enabled=false", 'overrides={"tracking.enabled": False}')
             raise PreflightError(f"{field}: the MLflow tracking server {redact(uri)} does not answer ({reason}). "
-                                 "Start it, fix the URI, or turn tracking off (--set tracking.enabled=false)"
-                                 ) from None
+                                 f"Start it, fix the URI, or turn tracking off ({off})") from None
     return redact(uri)
 
 
@@ -231,12 +255,14 @@ def preflight(cfg: ExperimentConfig, resources: bool = True, output_dir: bool = 
 
     found: dict[str, Any] = {}
     problems: list[str] = []
-    models = dict.fromkeys(s.model.name for s in stage_configs(cfg))
-    for name in models:
+    stages = stage_configs(cfg)
+    for name in dict.fromkeys(s.model.name for s in stages):
         try:
             found[f"model {name}"] = check_model(name)
         except RaysentError as exc:
             problems.append(str(exc))
+            continue
+        problems += [p for s in stages if s.model.name == name for p in check_lengths(s, found[f"model {name}"])]
     checks = {"results": lambda c: check_writable(c.tracking.results_dir, "tracking.results_dir"),
               "data": check_data, "ray": check_address,
               "resources": (lambda c: check_resources(c, one_run=output_dir)) if resources else None,
@@ -246,10 +272,14 @@ def preflight(cfg: ExperimentConfig, resources: bool = True, output_dir: bool = 
     for what, check in checks.items():
         if check is None:
             continue
+        if what == "output" and "results" not in found and Path(cfg.output_dir()).resolve().is_relative_to(
+                Path(cfg.tracking.results_dir).resolve()):
+            continue  # inside the results folder that cannot be written: said once, above
         try:
             found[what] = check(cfg)
         except RaysentError as exc:
             problems.append(str(exc))
+    problems = list(dict.fromkeys(problems))  # the store beside the results (results/mlflow.db): one line, not two
     if problems:
         raise PreflightError(("checked before any training, and found:\n  - " if len(problems) > 1
                               else "checked before any training: ") + "\n  - ".join(problems))

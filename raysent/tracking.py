@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from raysent.config import ExperimentConfig, hyperparameters
+from raysent.train.records import RunIdentity, RunRecord
 
 # Lazy imports: mlflow (heavy, and only the functions that need them import them).
 
@@ -119,19 +120,17 @@ def _params(values: dict) -> list:
     return [Param(k, text(v)) for k, v in sorted(values.items())]
 
 
-def run_tags(cfg: ExperimentConfig, record: dict, extra: dict | None = None) -> dict:
-    """The tags of one seed's run: what it is (method, model, phase, seed, configuration, trial) and what
-    came of it (``learned``, ``diverged``, ``transductive``: true, false or unknown)."""
+def _flag(v: bool | None) -> str:
+    return "unknown" if v is None else str(bool(v)).lower()
 
-    def flag(v) -> str:
-        return "unknown" if v is None else str(bool(v)).lower()
 
-    return _tags(cfg, record["phase"], {"seed": record["seed"], "config_id": record["config_id"],
-                                        "trial_id": record.get("trial_id") or "",
-                                        "transductive": flag(record.get("transductive")),
-                                        **({"learned": flag(record["learned"])} if "learned" in record else {}),
-                                        **({"diverged": flag(record["diverged"])} if "diverged" in record else {}),
-                                        **(extra or {})})
+def run_tags(cfg: ExperimentConfig, run: RunIdentity | RunRecord, extra: dict | None = None) -> dict:
+    """The tags of one seed's run: what it is (method, model, phase, seed, configuration, trial) and, once it has
+    a record, what came of it (``learned``, ``diverged``, ``transductive``: true, false or unknown)."""
+    outcome = ({"transductive": _flag(run.transductive), "learned": _flag(run.learned),
+                "diverged": _flag(run.diverged)} if isinstance(run, RunRecord) else {"transductive": "unknown"})
+    return _tags(cfg, run.phase, {"seed": run.seed, "config_id": run.config_id, "trial_id": run.trial_id or "",
+                                  **outcome, **(extra or {})})
 
 
 def config_run_name(phase: str, hp: dict) -> str:
@@ -140,9 +139,9 @@ def config_run_name(phase: str, hp: dict) -> str:
     return f"{phase}: {text or 'defaults'}"
 
 
-def run_name(record: dict) -> str:
+def run_name(phase: str, hp: dict, seed: int) -> str:
     """One seed's run: its configuration's name and the seed, ``search: lr=1e-05 · seed 1``."""
-    return f"{config_run_name(record['phase'], record.get('hp', {}))} · seed {record['seed']}"
+    return f"{config_run_name(phase, hp)} · seed {seed}"
 
 
 def _short(v: Any) -> str:
@@ -158,10 +157,10 @@ class LiveRun:
         self.uri, self.run_id = uri, run_id
 
     @classmethod
-    def open(cls, uri: str, experiment_id: str, cfg: ExperimentConfig, record: dict, parent: str | None,
+    def open(cls, uri: str, experiment_id: str, cfg: ExperimentConfig, identity: RunIdentity, parent: str | None,
              id_file: Path | None = None) -> LiveRun:
-        """Start the run of ``record`` (its identity: phase, hp, seed, config_id, trial_id), or continue the
-        one whose id ``id_file`` holds (a trial resumed from its checkpoint logs into the same run)."""
+        """Start the run of ``identity``, or continue the one whose id ``id_file`` holds (a trial resumed from its
+        checkpoint logs into the same run)."""
         try:
             c = client(uri)
             run_id = id_file.read_text().strip() if id_file is not None and id_file.is_file() else None
@@ -169,8 +168,9 @@ class LiveRun:
                 c.update_run(run_id, status="RUNNING")
                 cls._clear_error(c, run_id)
                 return cls(uri, run_id)
-            run_id = start_run(uri, experiment_id, run_name(record), run_tags(cfg, record), parent)
-            c.log_batch(run_id, params=_params({**hyperparameters(cfg), "seed": record["seed"]}))
+            run_id = start_run(uri, experiment_id, run_name(identity.phase, identity.hp, identity.seed),
+                               run_tags(cfg, identity), parent)
+            c.log_batch(run_id, params=_params({**hyperparameters(cfg), "seed": identity.seed}))
             if id_file is not None:
                 id_file.parent.mkdir(parents=True, exist_ok=True)
                 id_file.write_text(run_id)
@@ -206,27 +206,17 @@ class LiveRun:
         except Exception as exc:
             warnings.warn(f"MLflow ({redact(self.uri)}): metrics at step {step} not logged: {exc}", stacklevel=2)
 
-    def finish(self, cfg: ExperimentConfig, record: dict, status: str = "FINISHED", tags: dict | None = None,
+    def finish(self, cfg: ExperimentConfig, record: RunRecord, status: str = "FINISHED", tags: dict | None = None,
                curve: bool = False, artifacts: bool = True) -> str | None:
         """End the run with the record: its scores and summary numbers, its outcome tags, config.yaml and the
         record as result.json (``curve``: also log the dev curve, for a run that was not live)."""
         if self.run_id is None:
             return None
-        from mlflow.entities import Metric, RunTag
+        from mlflow.entities import RunTag
 
         try:
             c = client(self.uri)
-            now = int(record.get("finished_at", time.time()) * 1000)
-            metrics = []
-            if curve:
-                for point in record.get("dev_curve", []):
-                    metrics += [Metric(_key(k), float(v), now, int(point["step"])) for k, v in point.items()
-                                if k != "step" and isinstance(v, (int, float))]
-            metrics += [Metric(_key(k), float(v), now, 0) for k, v in record.get("scores", {}).items()]
-            metrics += [Metric(k, float(record[k]), now, 0) for k in ("best_dev_spearman", "train_seconds",
-                                                                      "sentences_per_second")
-                        if isinstance(record.get(k), (int, float))]
-            c.log_batch(self.run_id, metrics=metrics,
+            c.log_batch(self.run_id, metrics=record_metrics(record, curve),
                         tags=[RunTag(k, v) for k, v in run_tags(cfg, record, tags).items()])
             if artifacts:  # else the driver logs them (a trial on another node: the artifact folder is not there)
                 log_record_artifacts(self.uri, self.run_id, cfg.to_yaml(), record)
@@ -250,18 +240,37 @@ class LiveRun:
             warnings.warn(f"MLflow ({redact(self.uri)}): could not end run {self.run_id}: {exc}", stacklevel=2)
 
 
-def log_record_artifacts(uri: str, run_id: str, config_yaml: str, record: dict) -> None:
+def record_metrics(record: RunRecord, curve: bool = False) -> list[Any]:
+    """The MLflow metrics of a finished run: its test scores and summary numbers at its end (``curve``: and its
+    dev curve, each evaluation at its step)."""
+    from mlflow.entities import Metric
+
+    # when the run ended (a record made before finished_at was recorded: now)
+    now = int((record.finished_at if record.finished_at is not None else time.time()) * 1000)
+    metrics = []
+    if curve:
+        for point in record.dev_curve:
+            metrics += [Metric(_key(k), v, now, point.step) for k, v in point.scores().items()]
+    metrics += [Metric(_key(k), float(v), now, 0) for k, v in record.scores.items()]
+    summary = {"best_dev_spearman": record.best_dev_spearman, "train_seconds": record.train_seconds,
+               "sentences_per_second": record.sentences_per_second}
+    metrics += [Metric(k, float(v), now, 0) for k, v in summary.items() if v is not None]
+    return metrics
+
+
+def log_record_artifacts(uri: str, run_id: str, config_yaml: str, record: RunRecord) -> None:
     """A seed's run's files: the resolved config.yaml and the record as result.json."""
     c = client(uri)
     c.log_text(run_id, config_yaml, "config.yaml")
-    c.log_dict(run_id, record, "result.json")
+    c.log_dict(run_id, record.to_json(), "result.json")
 
 
-def log_training_run(uri: str, experiment_id: str, cfg: ExperimentConfig, record: dict,
+def log_training_run(uri: str, experiment_id: str, cfg: ExperimentConfig, record: RunRecord,
                      parent: str | None, status: str = "FINISHED", tags: dict | None = None) -> str | None:
     """One seed's run written at once, after it ended (a stopped trial whose live run is not known here):
     params, the dev curve per evaluation step, test scores, config and result."""
-    return LiveRun.open(uri, experiment_id, cfg, record, parent).finish(cfg, record, status, tags, curve=True)
+    return LiveRun.open(uri, experiment_id, cfg, record.identity, parent).finish(cfg, record, status, tags,
+                                                                                 curve=True)
 
 
 def _key(name: str) -> str:
@@ -302,7 +311,7 @@ def fluent(uri: str):
     try:
         yield
     finally:
-        mlflow.set_tracking_uri(None)
+        mlflow.set_tracking_uri(None)  # type: ignore[arg-type]  # None unsets it (MLflow's code; its hint omits None)
         if before is not None:
             os.environ["MLFLOW_TRACKING_URI"] = before
 

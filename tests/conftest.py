@@ -157,7 +157,16 @@ def tiny_bert(tmp_path_factory) -> str:
     torch.manual_seed(0)
     config = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                         intermediate_size=64, max_position_embeddings=128)
-    BertModel(config).save_pretrained(out)
+    model = BertModel(config)
+    # 512 positions, as BERT's (eval.max_length 256 fits; preflight refuses a max_length beyond a model's positions),
+    # drawn after every other weight: the first 128 rows and the rest are the weights the tests were tuned on
+    positions = torch.nn.Embedding(512, config.hidden_size)
+    with torch.no_grad():
+        positions.weight[:128] = model.embeddings.position_embeddings.weight
+        positions.weight[128:].normal_(0.0, config.initializer_range, generator=torch.Generator().manual_seed(1))
+    model.embeddings.position_embeddings = positions
+    model.config.max_position_embeddings = 512
+    model.save_pretrained(out)
     return str(out)
 
 

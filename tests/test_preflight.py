@@ -81,6 +81,26 @@ def test_unwritable_results_and_an_unstarted_resume_leave_nothing_behind(tmp_pat
 
 
 @pytest.mark.shared
+@pytest.mark.shared
+def test_a_max_length_beyond_the_models_positions_is_refused_with_the_limit(tmp_path):
+    """`train.max_length: 100000` on a model of 512 positions ran without a word (issue 47): it is refused before
+    any training, naming the file, the field, the model and the limit; so is a searched value."""
+    from raysent.config import parse_config
+
+    raw = {"name": "p", "method": "simcse-unsup", "model": {"name": RAW_BERT},
+           "data": {"train": "stsb:dev", "max_train_samples": 100}, "train": {"batch_size": 16, "max_length": 100000},
+           "tracking": {"results_dir": str(tmp_path)},
+           "search": {"space": {"max_length": {"type": "choice", "values": [128, 1024]}}}}
+    with pytest.raises(PreflightError) as err:
+        preflight(parse_config(raw))
+    said = str(err.value)
+    assert "train.max_length: got 100000: more than the 512 token positions" in said and "allowed: 2..512" in said
+    assert "search.space.max_length: got 1024" in said
+    raw["train"]["max_length"] = 512
+    raw["search"]["space"]["max_length"]["values"] = [128, 512]
+    preflight(parse_config(raw))  # at the limit: fine
+
+
 def test_preflight_takes_the_largest_searched_batch_and_every_stage(tmp_path):
     from raysent.config import parse_config
 

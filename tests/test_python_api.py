@@ -29,6 +29,14 @@ def test_the_documented_example_runs_as_shown(ray_cluster, tmp_path, monkeypatch
     result, model, scores, one = (namespace[k] for k in ("result", "model", "scores", "one"))
     printed = capsys.readouterr().out
     assert str(result.best_hp) in printed and "(2, 256)" in printed
+    # quiet (the default) is quiet: no Tune status tables, no progress; the one line it prints says per arm how
+    # many runs learned nothing, as the page's comment quotes it, and the example's runs learn
+    assert len(printed.splitlines()) < 40, printed
+    assert printed.splitlines()[0] == result.learning
+    assert f"# \"{result.learning}\"" in example()
+    assert all(k == 0 for k, _ in result.not_learned.values()), result.learning
+    for column in ("stsb_mean", "stsb_std", "sts16_mean", "sts16_std"):  # the selection printed whole
+        assert column in printed
 
     from raysent.train.records import RunRecord
 

@@ -14,6 +14,7 @@ import time
 
 from raysent.bench.result import EvaluationResult, EvaluationSeconds, ScoreComparison, SentencesEmbedded
 from raysent.data import STS_TASKS, load
+from raysent.eval.results import StsResult
 
 # Lazy imports: sentence_transformers, torch, raysent's heavier modules (heavy, and only the functions that need them
 # import them).
@@ -26,6 +27,7 @@ def bench_evaluation(model: str, max_length: int = 256, repeats: int = 2, tasks=
     import torch
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.evaluation import EmbeddingSimilarityEvaluator
+    from sentence_transformers.sentence_transformer.modules import Pooling
 
     from raysent.eval.sts import evaluate_sts
     from raysent.eval.suite import make_encode
@@ -37,7 +39,7 @@ def bench_evaluation(model: str, max_length: int = 256, repeats: int = 2, tasks=
     path, _ = resolve_model(model)
     st = SentenceTransformer(path, device="cuda" if torch.cuda.is_available() else "cpu")
     st.max_seq_length = max_length
-    pooling = [m.get_config_dict() for m in st if type(m).__name__ == "Pooling"]
+    pooling = [m.get_config_dict() for m in st if isinstance(m, Pooling)]
     if not pooling or pooling[0].get("pooling_mode", pooling[0].get("pooling_mode_mean_tokens") and "mean") != "mean":
         raise RuntimeError(f"sentence-transformers loads {path} without mean pooling; the comparison needs the same "
                            "pooling on both sides")
@@ -45,8 +47,11 @@ def bench_evaluation(model: str, max_length: int = 256, repeats: int = 2, tasks=
     evaluators = [EmbeddingSimilarityEvaluator(list(d.sentence1), list(d.sentence2), [float(s) for s in d.scores],
                                                main_similarity="cosine", similarity_fn_names=["cosine"],
                                                name=t, write_csv=False) for t, d in data.items()]
+    if repeats < 1:
+        raise ValueError(f"repeats {repeats}: at least one evaluation is timed")
     ours_times, st_times = [], []
-    ours = theirs = None
+    ours: StsResult | None = None
+    theirs: dict[str, dict[str, float]] = {}
     for r in range(repeats):
         say(f"  evaluation {r + 1}/{repeats}: raysent")
         t0 = time.perf_counter()
@@ -58,7 +63,8 @@ def bench_evaluation(model: str, max_length: int = 256, repeats: int = 2, tasks=
         st_times.append(time.perf_counter() - t0)
     rows = {}
     for t in tasks:
-        a = ours["tasks"][t]["spearman_all"]
+        assert ours is not None  # repeats >= 1
+        a = ours.tasks[t].spearman_all
         b = theirs[t][f"{t}_spearman_cosine"] * 100.0
         rows[t] = ScoreComparison(raysent=a, sentence_transformers=b, difference=a - b)
     n_sentences = sum(2 * len(d) for d in data.values())

@@ -126,6 +126,7 @@ def _tune_trials(cfg, trials: int, trial_cpus: float, root: Path) -> list[float]
     from raysent.train.resources import claim_devices, resolve, tune_trial_resources
     from raysent.train.run import reuse_across_runs
     from raysent.tune.driver import reuse_trial_processes
+    from raysent.tune.records_transport import results_of
     from raysent.tune.trial import train_trial
 
     env = worker_env()  # absolute paths: a trial runs in its own folder, as do its Ray Train workers
@@ -146,7 +147,7 @@ def _tune_trials(cfg, trials: int, trial_cpus: float, root: Path) -> list[float]
     results = tuner.fit()
     if results.errors:
         raise RuntimeError(f"a Tune trial failed: {results.errors[0]}")
-    ends = sorted(r.metrics["ended"] for r in results)
+    ends = sorted(float((r.metrics or {})["ended"]) for r in results_of(results))
     return [b - a for a, b in zip([t0, *ends[:-1]], ends)]
 
 

@@ -28,7 +28,7 @@ import sys
 from raysent import __version__
 from raysent.cli import bench, compare, data, evaluate, export, methods, plot, suite, table, train, tune
 from raysent.cli.common import EPILOG
-from raysent.errors import Interrupted, RaysentError
+from raysent.errors import DOOR, Interrupted, RaysentError
 
 # Lazy imports: raysent's heavier modules (the command's work is imported when it runs, so `raysent --help` and every
 # other command start without torch, Ray or MLflow).
@@ -51,6 +51,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    door = DOOR.set("cli")  # errors advise what a user of the command line types (--set KEY=VALUE, --model PATH)
+    try:
+        return _main(argv)
+    finally:
+        DOOR.reset(door)
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,

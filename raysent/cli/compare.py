@@ -39,14 +39,12 @@ def run(args) -> int:
     phase = None if args.phase == "any" else args.phase
     res = compare(args.runs, args.results_dir, phase=phase, aggregation=args.aggregation,
                   correlation=args.correlation, budget=True)
-    print(json.dumps(res, indent=2) if args.format == "json" else format_comparison(res, alpha=args.alpha))
+    print(json.dumps(res.to_json(), indent=2) if args.format == "json" else format_comparison(res, alpha=args.alpha))
     if args.budget_plot:
-        from raysent.report.budget import BudgetCurve
         from raysent.report.plots import plot_budget
 
-        sides = [res["baseline"], *(c["run"] for c in res["comparisons"])]
-        curves = [(f"{d['spec']} (search {d['search']})", BudgetCurve.model_validate(d["budget"]))
-                  for d in sides if d.get("budget")]
+        sides = [res.baseline, *(c.run for c in res.comparisons)]
+        curves = [(f"{d.spec} (search {d.search})", d.budget) for d in sides if d.budget is not None]
         if curves:
             print(f"budget curves: {plot_budget(curves, args.budget_plot)}")
         else:

@@ -94,6 +94,7 @@ def run(args) -> int:
     if args.plot and not args.layers:
         raise RaysentError("--plot writes the --layers grid; add --layers")
     from raysent.api import evaluate, load
+    from raysent.eval.results import StsResult
     from raysent.eval.sts import TASK_LABELS, evaluate_dev, format_table
     from raysent.models.pooling import check_pooling
 
@@ -131,17 +132,20 @@ def run(args) -> int:
     result = evaluate(encoder, tasks, max_samples=args.max_samples, options={t: options[t] for t in tasks},
                       progress=progress)
     if tasks == ["sts"]:  # the STS table alone: the output it has always had
-        res = {"model": args.model, "pooling": encoder.pooling, "split": "test", **result.details["sts"]}
+        sts = result.details["sts"]
+        assert isinstance(sts, StsResult)
         if args.format == "json":
-            print(json.dumps(res, indent=2))
+            print(json.dumps({"model": args.model, "pooling": encoder.pooling, "split": "test",
+                              **sts.model_dump(mode="json", exclude_none=True)}, indent=2))
         else:
-            print(format_table(res, title=f"{args.model}  pooling={encoder.pooling}"))
+            print(format_table(sts, title=f"{args.model}  pooling={encoder.pooling}"))
         return 0
     result.seconds["wall_incl_model_load"] = time.perf_counter() - started
     if args.format == "json":
         out = {"model": args.model, "pooling": encoder.pooling, "split": "test", "tasks": tasks,
-               "metrics": result.metrics, "details": result.details, "seconds": result.seconds,
-               "sentences_embedded": result.sentences_embedded, "notes": result.notes}
+               "metrics": result.metrics,
+               "details": {t: r.model_dump(mode="json", exclude_none=True) for t, r in result.details.items()},
+               "seconds": result.seconds, "sentences_embedded": result.sentences_embedded, "notes": result.notes}
         print(json.dumps(out, indent=2, default=json_default))
     else:
         result.model = args.model

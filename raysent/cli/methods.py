@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 # Lazy imports: raysent's heavier modules (the command's work is imported when it runs, so `raysent --help` and every
 # other command start without torch, Ray or MLflow).
@@ -19,7 +20,7 @@ def register(sub) -> None:
 def run(args) -> int:
     from raysent.methods import METHODS
 
-    rows = []
+    rows: list[dict[str, Any]] = []  # as --format json prints them
     for name, cls in METHODS.items():
         params = cls.Params()
         defaults = cls.defaults(params)

@@ -41,7 +41,8 @@ def register(sub) -> None:
     tu.add_argument("--address", help="Ray cluster address: auto, or ray://HOST:10001 (default: RAY_ADDRESS, else "
                     "a local Ray)")
     tu.add_argument("--format", choices=["text", "json"], default="text", help="summary format")
-    tu.add_argument("--quiet", action="store_true", help="no progress lines of raysent's own")
+    tu.add_argument("--quiet", action="store_true",
+                    help="no progress lines and no Tune tables; the summary still prints")
     tu.set_defaults(func=run)
 
 
@@ -70,13 +71,13 @@ def run(args) -> int:
         finally:
             print(json.dumps(p, indent=2, default=str) if args.format == "json" else yaml_dump(p))
         return 0
-    from raysent.api import search
+    from raysent.api import tune_search
     from raysent.tune.publish import PublishError
 
     try:
         with stdout_for(args.format):
             try:
-                result = search(cfg, resume=args.resume, final_only=args.final_only, quiet=args.quiet)
+                result = tune_search(cfg, resume=args.resume, final_only=args.final_only, quiet=args.quiet)
             finally:
                 disconnect_ray()
     except PublishError as exc:  # the search finished; MLflow did not take its outcome: the summary, then why

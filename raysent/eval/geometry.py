@@ -25,6 +25,7 @@ import numpy as np
 
 from raysent.data import ScoredPairs, load
 from raysent.errors import RaysentError
+from raysent.eval.results import GeometryResult
 
 
 def normalize(x: np.ndarray) -> np.ndarray:
@@ -85,7 +86,7 @@ def evaluate_geometry(
     min_score: float = 4.0,
     max_samples: int | None = None,
     progress: Callable[[str], None] | None = None,
-) -> dict:
+) -> GeometryResult:
     """Alignment (pairs with gold >= ``min_score``), uniformity and spectrum (all distinct sentences).
 
     ``data`` is any scored-pairs spec (``stsb:test``, ``stsb:dev``, ``sickr:test``, ``path:FILE``);
@@ -108,17 +109,8 @@ def evaluate_geometry(
     vectors = dict(zip(sentences, encode(sentences)))
     all_vecs = np.stack([vectors[s] for s in sentences])
     spec = spectrum(all_vecs)
-    return {
-        "alignment": alignment(np.stack([vectors[s] for s in pos1]), np.stack([vectors[s] for s in pos2])),
-        "uniformity": uniformity(all_vecs),
-        "effective_rank": spec["effective_rank"],
-        "top1_energy": spec["top1_energy"],
-        "singular_values": spec["singular_values"],
-        "positive_pairs": len(pos1),
-        "sentences": len(sentences),
-        "data": data,
-        "source": pairs.source,
-        "min_score": min_score,
-        "notes": notes,
-        "seconds": time.perf_counter() - t0,
-    }
+    return GeometryResult(
+        alignment=alignment(np.stack([vectors[s] for s in pos1]), np.stack([vectors[s] for s in pos2])),
+        uniformity=uniformity(all_vecs), effective_rank=spec["effective_rank"], top1_energy=spec["top1_energy"],
+        singular_values=spec["singular_values"], positive_pairs=len(pos1), sentences=len(sentences), data=data,
+        source=pairs.source, min_score=min_score, notes=notes, seconds=time.perf_counter() - t0)

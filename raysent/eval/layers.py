@@ -40,7 +40,7 @@ def layer_grid(
     batch_size: int = 128,
     progress: Callable[[str], None] | None = None,
 ) -> dict:
-    """Spearman ×100 of every (layer, pooling) of ``encoder`` (a :class:`raysent.models.Encoder`).
+    """Spearman ×100 of every (layer, pooling) of ``encoder`` (a :class:`raysent.models.encoder.Encoder`).
 
     ``max_pairs`` keeps the first N pairs of each set (a quick check; noted in the result).
     Returns ``{"layers": [0..L], "poolings", "sets", "n_pairs", "grid": {pooling: [score per layer]}
@@ -81,12 +81,11 @@ def layer_grid(
         for spec, data in sets.items():
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # scipy's ConstantInputWarning: reported below instead
-                v = score_pairs(block, data)["spearman_all"]
-            if not math.isfinite(v):
+                rho = score_pairs(block, data).spearman_all
+            if not math.isfinite(rho):
                 notes.append(f"layer {k} {p} on {spec}: every pair has the same cosine (the vector does not depend "
                              "on the sentence, e.g. layer 0's [CLS]), so the correlation is undefined (null)")
-                v = None
-            per_set[spec][p].append(v)
+            per_set[spec][p].append(rho if math.isfinite(rho) else None)
     grid = {p: [None if any(per_set[s][p][k] is None for s in sets)
                 else float(np.mean([per_set[s][p][k] for s in sets])) for k in layers] for p in poolings}
     best = max(((grid[p][k], k, p) for p in poolings for k in layers if grid[p][k] is not None),

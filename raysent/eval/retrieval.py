@@ -40,6 +40,7 @@ import numpy as np
 
 from raysent.data import ScoredPairs, load
 from raysent.errors import RaysentError
+from raysent.eval.results import RetrievalResult
 
 # Lazy imports: faiss (heavy, and only the functions that need them import them).
 
@@ -65,7 +66,7 @@ def build_search_set(data: ScoredPairs, min_score: float) -> SearchSet:
 
 
 def rank_metrics(ranked: np.ndarray, relevant: Sequence[set[int]], ks: Sequence[int] = (1, 5, 10),
-                 mrr_k: int = 10) -> dict:
+                 mrr_k: int = 10) -> dict[str, float]:
     """MRR@mrr_k and recall@k from ``ranked`` [Q, K] corpus ids (best first; -1 pads)."""
     mrr: list[float] = []
     recall: dict[int, list[float]] = {k: [] for k in ks}
@@ -111,7 +112,7 @@ def evaluate_search(
     timing_queries: int = 1000,
     threads: int | None = 1,
     progress: Callable[[str], None] | None = None,
-) -> dict:
+) -> RetrievalResult:
     """MRR@10, recall@k, latency and index size of ``encode`` as a retriever on ``data``.
 
     ``threads``: FAISS's OpenMP threads for the search (1: the latency of one core; None: FAISS's
@@ -159,25 +160,16 @@ def evaluate_search(
         index_bytes = int(faiss.serialize_index(index).nbytes)
     finally:
         faiss.omp_set_num_threads(before)
-    out = rank_metrics(ranked, sset.relevant, ks, mrr_k)
-    out.update({
-        "ms_per_query": 1000.0 * single_s / n_time,
-        "batch_ms_per_query": 1000.0 * batch_s / len(queries),
-        "index_mb": index_bytes / 2 ** 20,
-        "index_build_s": build_s,
-        "queries": len(sset.queries),
-        "corpus": len(sset.corpus),
-        "multi_relevant_queries": sum(len(r) > 1 for r in sset.relevant),
-        "excluded_self_matches": sum(e >= 0 for e in sset.exclude),
-        "min_score": min_score,
-        "index": "faiss.IndexFlatIP (exact inner product on L2-normalised vectors = cosine)",
-        "faiss_threads": threads if threads is not None else before,
-        "data": data,
-        "source": pairs.source,
-        "notes": notes,
-        "seconds": time.perf_counter() - t0,
-    })
-    return out
+    ranking = rank_metrics(ranked, sset.relevant, ks, mrr_k)
+    return RetrievalResult(
+        mrr_k=mrr_k, mrr=ranking[f"mrr_at_{mrr_k}"], recall={k: ranking[f"recall_at_{k}"] for k in ks},
+        ms_per_query=1000.0 * single_s / n_time, batch_ms_per_query=1000.0 * batch_s / len(queries),
+        index_mb=index_bytes / 2 ** 20, index_build_s=build_s, queries=len(sset.queries), corpus=len(sset.corpus),
+        multi_relevant_queries=sum(len(r) > 1 for r in sset.relevant),
+        excluded_self_matches=sum(e >= 0 for e in sset.exclude), min_score=min_score,
+        index="faiss.IndexFlatIP (exact inner product on L2-normalised vectors = cosine)",
+        faiss_threads=threads if threads is not None else before, data=data, source=pairs.source, notes=notes,
+        seconds=time.perf_counter() - t0)
 
 
 def _unit(x: np.ndarray) -> np.ndarray:

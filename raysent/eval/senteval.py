@@ -45,6 +45,7 @@ import numpy as np
 
 from raysent.data.transfer import TRANSFER_TASKS, LabelledPairs, get_task, load_task, senteval_order
 from raysent.errors import RaysentError
+from raysent.eval.results import SentEvalResult, SentEvalTaskScore
 
 # Lazy imports: joblib, sklearn, threadpoolctl, torch (heavy, and only the functions that need them import them).
 
@@ -342,7 +343,7 @@ def features(data, vectors: dict[str, np.ndarray], mrpc_features: str = "senteva
 
 
 def run_task(name: str, splits: dict, vectors: dict[str, np.ndarray], cfg: ProbeConfig,
-             mrpc_features: str = "senteval") -> dict:
+             mrpc_features: str = "senteval") -> SentEvalTaskScore:
     """One task on already-embedded sentences (``vectors``: sentence -> vector)."""
     task = get_task(name)
     t0 = time.perf_counter()
@@ -368,7 +369,7 @@ def run_task(name: str, splits: dict, vectors: dict[str, np.ndarray], cfg: Probe
                notes=[n for d in splits.values() for n in d.notes], seconds=time.perf_counter() - t0)
     if task.name == "MRPC":
         res["mrpc_features"] = mrpc_features
-    return res
+    return SentEvalTaskScore(**res)
 
 
 def evaluate_senteval(
@@ -384,11 +385,11 @@ def evaluate_senteval(
     threads: int = 1,
     progress: Callable[[str], None] | None = None,
     **mlp_options,
-) -> dict:
+) -> SentEvalResult:
     """SentEval transfer accuracies (×100) of ``encode(sentences) -> [N, d]`` on ``tasks``.
 
-    Returns ``{"tasks": {name: {"acc", "devacc", "ndev", "ntest", ...}}, "avg", "probe", "notes",
-    "seconds"}``; MRPC also has ``f1``. ``max_samples`` caps every split (a quick check, noted).
+    Returns a :class:`~raysent.eval.results.SentEvalResult`: per task ``acc``, ``devacc``, ``ndev``, ``ntest``, ...
+    (MRPC also ``f1``), their ``avg``, the ``probe``. ``max_samples`` caps every split (a quick check, noted).
     """
     unknown = [t for t in mlp_options if t not in ("optim", "batch_size", "tenacity", "epoch_size", "max_epoch",
                                                    "dropout")]
@@ -412,12 +413,12 @@ def evaluate_senteval(
         if progress:
             progress(f"senteval: {name} ({TRANSFER_TASKS[name].protocol}, {cfg.name})")
         results[name] = run_task(name, data[name], vectors, cfg, mrpc_features)
-        if results[name]["not_converged"]:
+        if results[name].not_converged:
             log.warning("senteval %s: %d of %d logistic-regression fits stopped at max_iter before converging "
-                        "(scikit-learn's default, as in SentEval)", name, results[name]["not_converged"],
-                        results[name]["fits"])
+                        "(scikit-learn's default, as in SentEval)", name, results[name].not_converged,
+                        results[name].fits)
     probe = {k: v for k, v in asdict(cfg).items() if cfg.classifier == "mlp" or k not in
              ("nhid", "optim", "batch_size", "tenacity", "epoch_size", "max_epoch", "dropout")}
     probe["name"] = cfg.name
-    return {"tasks": results, "avg": float(np.mean([r["acc"] for r in results.values()])), "probe": probe,
-            "notes": [n for r in results.values() for n in r["notes"]], "seconds": time.perf_counter() - t0}
+    return SentEvalResult(tasks=results, avg=float(np.mean([r.acc for r in results.values()])), probe=probe,
+                          notes=[n for r in results.values() for n in r.notes], seconds=time.perf_counter() - t0)

@@ -18,16 +18,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import cast
 
 import numpy as np
 from scipy import stats
 
 from raysent.data import STS_TASKS, ScoredPairs, load
+from raysent.eval.results import AGGREGATIONS, Aggregation, PairScores, StsResult, StsSetScore, SubsetScore
+from raysent.eval.results import STS_LABELS as TASK_LABELS
 
-TASK_LABELS = {"sts12": "STS12", "sts13": "STS13", "sts14": "STS14", "sts15": "STS15", "sts16": "STS16",
-               "stsb": "STS-B", "sickr": "SICK-R"}
-AGGREGATIONS = ("all", "mean", "wmean")
+__all__ = ["AGGREGATIONS", "TASK_LABELS", "evaluate_dev", "evaluate_sts", "format_table", "score_pairs"]
 
 
 def pair_cosines(vectors: dict[str, np.ndarray], data: ScoredPairs) -> np.ndarray:
@@ -43,29 +43,27 @@ def _corr(cos: np.ndarray, gold: np.ndarray) -> tuple[float, float]:
             float(stats.pearsonr(cos, gold).statistic) * 100.0)
 
 
-def score_pairs(vectors: dict[str, np.ndarray], data: ScoredPairs) -> dict:
+def score_pairs(vectors: dict[str, np.ndarray], data: ScoredPairs) -> PairScores:
     """Spearman/Pearson ×100 of one set in the three aggregations, and per sub-set."""
     cos = pair_cosines(vectors, data)
     sp_all, pe_all = _corr(cos, data.scores)
-    out: dict[str, Any] = {"n": len(data), "spearman_all": sp_all, "pearson_all": pe_all}
     names = list(dict.fromkeys(data.subsets))
+    if not (len(names) > 1 or (names and names[0])):  # no sub-sets: the three aggregations coincide
+        return PairScores(n=len(data), spearman_all=sp_all, pearson_all=pe_all, spearman_mean=sp_all,
+                          spearman_wmean=sp_all, pearson_mean=pe_all, pearson_wmean=pe_all)
+    subset_arr = np.asarray(data.subsets)
     subsets = {}
-    if len(names) > 1 or (names and names[0]):
-        subset_arr = np.asarray(data.subsets)
-        for name in names:
-            m = subset_arr == name
-            sp, pe = _corr(cos[m], data.scores[m])
-            subsets[name] = {"n": int(m.sum()), "spearman": sp, "pearson": pe}
-        sizes = np.array([subsets[s]["n"] for s in names], dtype=np.float64)
-        for stat in ("spearman", "pearson"):
-            vals = np.array([subsets[s][stat] for s in names])
-            out[f"{stat}_mean"] = float(vals.mean())
-            out[f"{stat}_wmean"] = float((vals * sizes).sum() / sizes.sum())
-        out["subsets"] = subsets
-    else:  # no sub-sets: the three aggregations coincide
-        for stat in ("spearman", "pearson"):
-            out[f"{stat}_mean"] = out[f"{stat}_wmean"] = out[f"{stat}_all"]
-    return out
+    for name in names:
+        m = subset_arr == name
+        sp, pe = _corr(cos[m], data.scores[m])
+        subsets[name] = SubsetScore(n=int(m.sum()), spearman=sp, pearson=pe)
+    sizes = np.array([subsets[s].n for s in names], dtype=np.float64)
+    agg: dict[str, float] = {}
+    for stat in ("spearman", "pearson"):
+        vals = np.array([getattr(subsets[s], stat) for s in names])
+        agg[f"{stat}_mean"] = float(vals.mean())
+        agg[f"{stat}_wmean"] = float((vals * sizes).sum() / sizes.sum())
+    return PairScores(n=len(data), spearman_all=sp_all, pearson_all=pe_all, subsets=subsets, **agg)
 
 
 def evaluate_sts(
@@ -73,60 +71,48 @@ def evaluate_sts(
     tasks: Sequence[str] = STS_TASKS,
     aggregation: str = "all",
     progress: Callable[[str], None] | None = None,
-) -> dict:
+) -> StsResult:
     """The 7-set STS evaluation (test splits). ``encode(sentences) -> [N, d]``.
 
-    Returns ``{"aggregation", "tasks": {task: {...,"spearman","pearson"}}, "avg", "avg_pearson",
-    "sources", "seconds"}`` where ``spearman``/``pearson`` are the headline numbers in the chosen
-    aggregation (STS12-16) and every aggregation is kept beside them.
+    Returns a :class:`~raysent.eval.results.StsResult`: per set (``tasks``) every aggregation and the headline
+    ``spearman``/``pearson`` in the chosen ``aggregation`` (STS12-16), their ``avg`` and ``avg_pearson``, the
+    ``sources`` and ``seconds``.
     """
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"aggregation {aggregation!r}; allowed: {', '.join(AGGREGATIONS)}")
+    agg = cast(Aggregation, aggregation)
     t0 = time.perf_counter()
     sets = {t: load(t, "scored_pairs") for t in tasks}
-    result = _score_sets(encode, sets, progress)
-    for r in result["tasks"].values():
-        r["spearman"] = r[f"spearman_{aggregation}"]
-        r["pearson"] = r[f"pearson_{aggregation}"]
-    result["aggregation"] = aggregation
-    result["avg"] = float(np.mean([r["spearman"] for r in result["tasks"].values()]))
-    result["avg_pearson"] = float(np.mean([r["pearson"] for r in result["tasks"].values()]))
-    result["seconds"] = time.perf_counter() - t0
-    return result
+    scored = _score_sets(encode, sets, progress)
+    per_set = {name: StsSetScore(**r.model_dump(), spearman=r.correlation("spearman", agg),
+                                 pearson=r.correlation("pearson", agg)) for name, r in scored.items()}
+    return StsResult(aggregation=agg, tasks=per_set,
+                     avg=float(np.mean([r.spearman for r in per_set.values()])),
+                     avg_pearson=float(np.mean([r.pearson for r in per_set.values()])),
+                     sources={name: d.source for name, d in sets.items()},
+                     notes=[n for d in sets.values() for n in d.notes], seconds=time.perf_counter() - t0)
 
 
 def evaluate_dev(encode: Callable[[Sequence[str]], np.ndarray], specs: Sequence[str] = ("stsb:dev",),
-                 sets: dict[str, ScoredPairs] | None = None) -> dict:
-    """Model selection: Spearman ×100 on each dev set and their mean (``dev_spearman``)."""
+                 sets: dict[str, ScoredPairs] | None = None) -> dict[str, float]:
+    """Model selection: Spearman ×100 on each dev set (``dev/<set>``) and their mean (``dev_spearman``)."""
     sets = sets if sets is not None else {s: load(s, "scored_pairs") for s in specs}
-    scored = _score_sets(encode, sets)["tasks"]
-    out = {f"dev/{name}": r["spearman_all"] for name, r in scored.items()}
+    scored = _score_sets(encode, sets)
+    out = {f"dev/{name}": r.spearman_all for name, r in scored.items()}
     out["dev_spearman"] = float(np.mean(list(out.values())))
     return out
 
 
-def _score_sets(encode, sets: dict[str, ScoredPairs], progress=None) -> dict:
+def _score_sets(encode: Callable[[Sequence[str]], np.ndarray], sets: dict[str, ScoredPairs],
+                progress: Callable[[str], None] | None = None) -> dict[str, PairScores]:
     sentences = list(dict.fromkeys(s for d in sets.values() for s in d.sentences()))
     if progress:
         progress(f"embedding {len(sentences):,} distinct sentences of {len(sets)} set(s)")
     vecs = encode(sentences)
     vectors = dict(zip(sentences, vecs))
-    return {"tasks": {name: score_pairs(vectors, d) for name, d in sets.items()},
-            "sources": {name: d.source for name, d in sets.items()},
-            "notes": [n for d in sets.values() for n in d.notes]}
+    return {name: score_pairs(vectors, d) for name, d in sets.items()}
 
 
-def format_table(result: dict, title: str = "") -> str:
+def format_table(result: StsResult, title: str = "") -> str:
     """The papers' table: STS12 … SICK-R and Avg. (Spearman ×100 in the chosen aggregation)."""
-    tasks = list(result["tasks"])
-    heads = [TASK_LABELS.get(t, t) for t in tasks] + ["Avg."]
-    vals = [f"{result['tasks'][t]['spearman']:.2f}" for t in tasks] + [f"{result['avg']:.2f}"]
-    widths = [max(len(h), len(v)) for h, v in zip(heads, vals)]
-    lines = []
-    if title:
-        lines.append(title)
-    lines.append("  ".join(h.rjust(w) for h, w in zip(heads, widths)))
-    lines.append("  ".join(v.rjust(w) for v, w in zip(vals, widths)))
-    lines.append(f"(Spearman x100 of cosine; STS12-16 aggregated as '{result['aggregation']}'"
-                 f"{'; ' + '; '.join(result.get('notes', [])) if result.get('notes') else ''})")
-    return "\n".join(lines)
+    return result.table(title)

@@ -19,6 +19,7 @@ import numpy as np
 from raysent.data import load
 from raysent.data.datasets import DATASETS, ScoredPairs
 from raysent.errors import RaysentError, did_you_mean
+from raysent.eval.results import Sts17Result, Sts17Track
 from raysent.eval.sts import score_pairs
 
 STS17_TRACKS = tuple(DATASETS["sts17"].local)  # ar-ar ar-en es-es es-en.track4a es-en.track4b en-en
@@ -29,7 +30,7 @@ def evaluate_sts17(
     tracks: Sequence[str] = STS17_TRACKS,
     max_samples: int | None = None,
     progress: Callable[[str], None] | None = None,
-) -> dict:
+) -> Sts17Result:
     """Pearson and Spearman ×100 of cosine vs gold on each track; ``avg`` = mean Pearson.
 
     ``max_samples`` keeps only the first N pairs of each track (a quick check, noted).
@@ -55,7 +56,7 @@ def evaluate_sts17(
     out = {}
     for t, d in sets.items():
         r = score_pairs(vectors, d)
-        out[t] = {"pearson": r["pearson_all"], "spearman": r["spearman_all"], "n": r["n"], "source": d.source}
-    return {"tracks": out, "avg": float(np.mean([r["pearson"] for r in out.values()])),
-            "avg_spearman": float(np.mean([r["spearman"] for r in out.values()])),
-            "notes": notes, "seconds": time.perf_counter() - t0}
+        out[t] = Sts17Track(pearson=r.pearson_all, spearman=r.spearman_all, n=r.n, source=d.source)
+    return Sts17Result(tracks=out, avg=float(np.mean([r.pearson for r in out.values()])),
+                       avg_spearman=float(np.mean([r.spearman for r in out.values()])), notes=notes,
+                       seconds=time.perf_counter() - t0)

@@ -13,9 +13,10 @@ sts17      multilingual / cross-lingual STS17: Pearson ×100            :mod:`ra
 =========  ==========================================================  ============================
 
 The model is embedded through one cache: a sentence shared by several tasks (STS-B test is read
-by ``sts``, ``search`` and ``geometry``) is embedded once. The result's ``metrics`` are flat,
+by ``sts``, ``search`` and ``geometry``) is embedded once. The result is an
+:class:`~raysent.eval.results.Evaluation`: each task's typed result, whose ``metrics()`` are flat,
 MLflow-safe names (``sts/stsb``, ``senteval/MR``, ``search/mrr_at_10``, ``geometry/alignment``,
-``sts17/en-en``); ``details`` holds each task's full result and ``table`` a printable summary.
+``sts17/en-en``), and ``table()``, a printable summary.
 Imports no Ray and no MLflow.
 """
 
@@ -30,10 +31,10 @@ import numpy as np
 
 from raysent.errors import RaysentError, did_you_mean
 from raysent.eval.geometry import evaluate_geometry
+from raysent.eval.results import Evaluation, TaskResult
 from raysent.eval.retrieval import evaluate_search
 from raysent.eval.senteval import evaluate_senteval
 from raysent.eval.sts import evaluate_sts
-from raysent.eval.sts import format_table as sts_table
 from raysent.eval.sts17 import evaluate_sts17
 
 # Lazy imports: raysent's heavier modules (heavy, and only the functions that need them import them).
@@ -105,7 +106,7 @@ def make_encode(model: Any, pooling: str | None = None, max_length: int = 256, b
     raise RaysentError(f"expected an Encoder or a function encode(sentences) -> array, got {type(model).__name__}")
 
 
-def _task_functions() -> dict[str, Callable]:
+def _task_functions() -> dict[str, Callable[..., TaskResult]]:
     return {"sts": evaluate_sts, "senteval": evaluate_senteval, "search": evaluate_search,
             "geometry": evaluate_geometry, "sts17": evaluate_sts17}
 
@@ -133,7 +134,7 @@ def evaluate_tasks(
     max_samples: int | None = None,
     options: dict[str, dict] | None = None,
     progress: Callable[[str], None] | None = None,
-) -> dict:
+) -> Evaluation:
     """Evaluate a model on several tasks; one embedding cache for all of them.
 
     ``model``: an :class:`~raysent.models.encoder.Encoder` (with ``pooling``, or the pooling its
@@ -143,8 +144,9 @@ def evaluate_tasks(
     "quora-duplicates"}, "sts": {"aggregation": "wmean"}}``. ``max_samples`` caps the data of
     senteval, search, geometry and sts17 (a quick check; noted on the result), not of sts.
 
-    Returns ``{"metrics": {flat name: float}, "details": {task: result}, "table": str, "tasks",
-    "seconds": {task: s, "embedding": s, "total": s}, "sentences_embedded", "notes"}``.
+    Returns an :class:`~raysent.eval.results.Evaluation`: each task's typed result (``.sts``, ``.senteval``,
+    ...), ``metrics()`` (flat names), ``table()``, ``seconds`` (per task, ``embedding``, ``total``),
+    ``sentences_embedded`` and ``notes``.
     """
     tasks = check_tasks(tasks)
     options = dict(options or {})
@@ -157,7 +159,9 @@ def evaluate_tasks(
         _check_options(t, fns[t], options.get(t, {}))
     cache = EmbeddingCache(make_encode(model, pooling, max_length, batch_size))
     t_all = time.perf_counter()
-    details, seconds, notes = {}, {}, []
+    details: dict[str, TaskResult] = {}
+    seconds: dict[str, float] = {}
+    notes: list[str] = []
     for t in tasks:
         kwargs = dict(options.get(t, {}))
         if max_samples is not None:
@@ -168,105 +172,8 @@ def evaluate_tasks(
         t0 = time.perf_counter()
         details[t] = fns[t](cache, progress=progress, **kwargs)
         seconds[t] = time.perf_counter() - t0
-        notes += [f"{t}: {n}" if not n.startswith(t) else n for n in details[t].get("notes", [])]
+        notes += [f"{t}: {n}" if not n.startswith(t) else n for n in details[t].notes]
     seconds["embedding"] = cache.seconds
     seconds["total"] = time.perf_counter() - t_all
-    result = {"tasks": tasks, "metrics": flat_metrics(details), "details": details, "seconds": seconds,
-              "sentences_embedded": len(cache), "notes": list(dict.fromkeys(notes))}
-    result["table"] = format_tables(result)
-    return result
-
-
-# --------------------------------------------------------------------------- flat metrics
-def flat_metrics(details: dict[str, dict]) -> dict[str, float]:
-    """MLflow-safe ``task/name`` metrics (letters, digits, ``_ - . / :`` only)."""
-    m: dict[str, float] = {}
-    if "sts" in details:
-        r = details["sts"]
-        for name, v in r["tasks"].items():
-            m[f"sts/{name}"] = v["spearman"]
-            m[f"sts/{name}/pearson"] = v["pearson"]
-        m["sts/avg"] = r["avg"]
-    if "senteval" in details:
-        r = details["senteval"]
-        for name, v in r["tasks"].items():
-            m[f"senteval/{name}"] = v["acc"]
-            m[f"senteval/{name}/devacc"] = v["devacc"]
-            if "f1" in v:
-                m[f"senteval/{name}/f1"] = v["f1"]
-        m["senteval/avg"] = r["avg"]
-    if "search" in details:
-        r = details["search"]
-        for k, v in r.items():
-            if k.startswith(("mrr_at_", "recall_at_")) or k in ("ms_per_query", "batch_ms_per_query", "index_mb",
-                                                                 "queries", "corpus"):
-                m[f"search/{k}"] = float(v)
-    if "geometry" in details:
-        r = details["geometry"]
-        for k in ("alignment", "uniformity", "effective_rank", "top1_energy"):
-            m[f"geometry/{k}"] = r[k]
-    if "sts17" in details:
-        r = details["sts17"]
-        for track, v in r["tracks"].items():
-            m[f"sts17/{track}"] = v["pearson"]
-            m[f"sts17/{track}/spearman"] = v["spearman"]
-        m["sts17/avg"] = r["avg"]
-        m["sts17/avg/spearman"] = r["avg_spearman"]
-    return {k: float(v) for k, v in m.items()}
-
-
-# --------------------------------------------------------------------------- table
-def _row_table(title: str, heads: list[str], vals: list[str], foot: str = "") -> str:
-    widths = [max(len(h), len(v)) for h, v in zip(heads, vals)]
-    lines = [title, "  ".join(h.rjust(w) for h, w in zip(heads, widths)),
-             "  ".join(v.rjust(w) for v, w in zip(vals, widths))]
-    if foot:
-        lines.append(foot)
-    return "\n".join(lines)
-
-
-def format_tables(result: dict, title: str = "") -> str:
-    """A printable summary: one small table per task."""
-    d = result["details"]
-    parts = [title] if title else []
-    if "sts" in d:
-        parts.append(sts_table(d["sts"], title="STS (Spearman x100)"))
-    if "senteval" in d:
-        r = d["senteval"]
-        names = list(r["tasks"])
-        heads = names + ["Avg."]
-        vals = [f"{r['tasks'][n]['acc']:.2f}" for n in names] + [f"{r['avg']:.2f}"]
-        if "MRPC" in r["tasks"]:
-            heads.insert(names.index("MRPC") + 1, "MRPC-F1")
-            vals.insert(names.index("MRPC") + 1, f"{r['tasks']['MRPC']['f1']:.2f}")
-        p = r["probe"]
-        parts.append(_row_table(f"SentEval transfer (test accuracy x100; {p['name']}, kfold={p['kfold']})",
-                                heads, vals))
-    if "search" in d:
-        r = d["search"]
-        ks = [k for k in r if k.startswith("recall_at_")]
-        mrr = next(k for k in r if k.startswith("mrr_at_"))
-        heads = [f"MRR@{mrr.rsplit('_', 1)[1]}"] + [f"R@{k.rsplit('_', 1)[1]}" for k in ks] + ["ms/query", "index MB"]
-        vals = [f"{100 * r[mrr]:.2f}"] + [f"{100 * r[k]:.2f}" for k in ks] + [f"{r['ms_per_query']:.3f}",
-                                                                           f"{r['index_mb']:.2f}"]
-        parts.append(_row_table(f"Semantic search ({r['data']}, score >= {r['min_score']:g}: {r['queries']:,} queries, "
-                                f"{r['corpus']:,} documents; x100)", heads, vals))
-    if "geometry" in d:
-        r = d["geometry"]
-        parts.append(_row_table(f"Geometry ({r['data']}: {r['positive_pairs']:,} positive pairs, "
-                                f"{r['sentences']:,} sentences)", ["align", "uniform", "eff. rank", "top-1 energy"],
-                                [f"{r['alignment']:.4f}", f"{r['uniformity']:.4f}", f"{r['effective_rank']:.1f}",
-                                 f"{r['top1_energy']:.3f}"]))
-    if "sts17" in d:
-        r = d["sts17"]
-        names = list(r["tracks"])
-        parts.append(_row_table("STS17 (Pearson x100 of cosine; Spearman in the JSON)", names + ["Avg."],
-                                [f"{r['tracks'][n]['pearson']:.2f}" for n in names] + [f"{r['avg']:.2f}"]))
-    tail = []
-    secs = result.get("seconds", {})
-    if secs:
-        tail.append("time: " + ", ".join(f"{k} {v:.1f} s" for k, v in secs.items()))
-    tail += [f"note: {n}" for n in result.get("notes", [])]
-    if tail:
-        parts.append("\n".join(tail))
-    return "\n\n".join(parts)
+    return Evaluation(tasks=tasks, **details, seconds=seconds, sentences_embedded=len(cache),
+                      notes=list(dict.fromkeys(notes)))

@@ -77,11 +77,12 @@ SCRIPT_VIEWS: dict[str, tuple[str, str]] = {
 
 class ConSERTParams(PoolingParams):
     supervision: Literal["unsup", "joint", "sup-unsup", "joint-unsup"] = Field("unsup", description="§3.3")
-    augmentations: tuple[str, str] = Field(None, description="the two views (§3.2); default by supervision, "  # type: ignore[assignment]
-                                           "the official scripts' (see the module)", validate_default=False)
-    sup_augmentations: tuple[str, str] = Field(None, description="joint-unsup: the views of the joint first "  # type: ignore[assignment]
-                                               "stage (default none + token_cutoff, the joint script's)",
-                                               validate_default=False)
+    augmentations: tuple[str, str] = Field(  # type: ignore[assignment]  # None until the validator sets the default
+        None, description="the two views (§3.2); default by supervision, the official scripts' (see the module)",
+        validate_default=False)
+    sup_augmentations: tuple[str, str] = Field(  # type: ignore[assignment]  # None until the validator sets it
+        None, description="joint-unsup: the views of the joint first stage (default none + token_cutoff, the joint "
+        "script's)", validate_default=False)
     classifier_max_square: bool = Field(False, description="joint: add max(r1, r2)² to Eq. 2's classifier "
                                         "features, as the official joint script does")
     token_cutoff_rate: float = Field(0.15, ge=0, lt=1)

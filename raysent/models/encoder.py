@@ -31,7 +31,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from raysent.errors import ModelError
+from raysent.errors import ModelError, advice
 from raysent.models.chunked import GradCache, hidden_states
 from raysent.models.heads import LayerAttentionPooler
 from raysent.models.pooling import inference_pooling, pool, uses_mlp
@@ -98,8 +98,14 @@ def resolve_model(name: str) -> tuple[str, list[str]]:
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
-FIX = ("Fix: set RAYSENT_MODEL_DIR to a folder that holds '{short}/' (a save_pretrained folder), or point "
-       "model.name at a model folder (`--set model.name=PATH`; `raysent eval --model PATH`).")
+
+
+def fix(short: str) -> str:
+    """What to do about a model not found, as the user who asked for it types it (:func:`raysent.errors.advice`)."""
+    how = advice("point model.name at a model folder (`--set model.name=PATH`; `raysent eval --model PATH`)",
+                 'give the model\'s folder (`raysent.load("path/to/folder")`; in an experiment, '
+                 '`overrides={"model.name": "path/to/folder"}`)')
+    return f"Fix: set RAYSENT_MODEL_DIR to a folder that holds '{short}/' (a save_pretrained folder), or {how}."
 
 
 def check_model(name: str) -> dict:
@@ -118,17 +124,29 @@ def check_model(name: str) -> dict:
                              f"({' or '.join(WEIGHT_FILES[::2])}); it is not a complete save_pretrained folder")
     elif os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
         raise ModelError(f"model '{name}' not found. Looked in: {'; '.join(looked)}; the Hugging Face hub was "
-                         f"skipped (HF_HUB_OFFLINE is set). " + FIX.format(short=short))
+                         f"skipped (HF_HUB_OFFLINE is set). " + fix(short))
     try:
         config = AutoConfig.from_pretrained(where)
         AutoTokenizer.from_pretrained(where)
     except OSError as exc:
         raise ModelError(f"model '{name}' not found. Looked in: {'; '.join(looked) or where}; and the Hugging Face "
-                         f"hub: {str(exc).splitlines()[0][:300]}. " + FIX.format(short=short)) from None
+                         f"hub: {str(exc).splitlines()[0][:300]}. " + fix(short)) from None
     except (ValueError, KeyError) as exc:
         raise ModelError(f"model '{name}' ({where}): its config or tokenizer does not load: {exc}") from None
     return {"path": where if local else f"hub: {where}", "type": config.model_type,
-            "layers": getattr(config, "num_hidden_layers", None), "hidden": getattr(config, "hidden_size", None)}
+            "layers": getattr(config, "num_hidden_layers", None), "hidden": getattr(config, "hidden_size", None),
+            "positions": max_positions(config)}
+
+
+def max_positions(config: Any) -> int | None:
+    """The most tokens a sentence can have for a model of this (transformers) config: its position embeddings
+    (RoBERTa's start after the padding index, so 514 of them hold 512 tokens); None when it has no such limit."""
+    n = getattr(config, "max_position_embeddings", None)
+    if not isinstance(n, int):
+        return None
+    if "roberta" in str(getattr(config, "model_type", "")) or getattr(config, "model_type", "") == "camembert":
+        n -= int(getattr(config, "pad_token_id", 1) or 1) + 1
+    return n
 
 
 @dataclass
@@ -193,7 +211,7 @@ class Encoder(nn.Module):
         except OSError as exc:
             raise ModelError(
                 f"model '{name}' not found. Looked in: {'; '.join(looked) or where}; and the Hugging Face "
-                f"hub: {str(exc).splitlines()[0][:300]}. " + FIX.format(short=name.rstrip("/").split("/")[-1])
+                f"hub: {str(exc).splitlines()[0][:300]}. " + fix(name.rstrip("/").split("/")[-1])
             ) from None
         except (ValueError, KeyError) as exc:
             raise ModelError(f"model '{name}' ({where}) cannot be loaded by transformers.AutoModel: {exc}") from None
@@ -244,7 +262,8 @@ class Encoder(nn.Module):
 
     @property
     def max_positions(self) -> int:
-        return int(getattr(self.model.config, "max_position_embeddings", 512))
+        """The most tokens a sentence can have (:func:`max_positions` of its config; 512 when it names none)."""
+        return max_positions(self._hf_config) or 512
 
     @property
     def embeddings(self) -> nn.Module:
@@ -338,14 +357,17 @@ class Encoder(nn.Module):
         the same).
         """
         path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
         infer = inference_pooling(pooling)
         model: Any = self.model  # a Hugging Face model: its pooler and save_pretrained
         pooler = getattr(model, "pooler", None)
-        if infer == "layeratt":
-            if mlp is None:
-                raise ModelError("pooling 'layeratt' is saved with its trained pooler; none was given")
-        elif uses_mlp(infer, training=False) and mlp is not None and mlp is not pooler:
+        # what the pooling reads must be there before anything is written
+        if infer == "layeratt" and mlp is None:
+            raise ModelError("pooling 'layeratt' is saved with its trained pooler; none was given")
+        if infer == "cls" and mlp is None and self.pooler_mlp() is None:
+            raise ModelError(f"pooling 'cls' reads [CLS] through the trained dense+tanh MLP, and {self.source} has "
+                             "none (no trained pooler); use 'cls_before_pooler', or a model trained with 'cls'")
+        path.mkdir(parents=True, exist_ok=True)
+        if infer != "layeratt" and uses_mlp(infer, training=False) and mlp is not None and mlp is not pooler:
             if pooler is None or not hasattr(pooler, "dense"):
                 raise ModelError(f"cannot store the [CLS] MLP of {self.source}: its architecture has no pooler")
             dense = cast(nn.Linear, mlp.dense)

@@ -31,8 +31,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
+
+# Lazy imports: torch (the names and checks of the poolings are read by commands before torch loads: a bad
+# --pooling is refused at once).
 
 BASE_POOLINGS = ("cls", "cls_before_pooler", "cls_mlp_train", "mean", "mean_no_cls", "max", "first_last_avg",
                  "last2_avg")
@@ -45,7 +50,8 @@ def is_valid_pooling(name: str) -> bool:
 
 
 def describe_allowed() -> str:
-    return ", ".join(BASE_POOLINGS) + ", or layer<K>_<cls|mean|max> (K = 0 for the embeddings .. L)"
+    return (", ".join(BASE_POOLINGS) + ", layer<K>_<cls|mean|max> (K = 0 for the embeddings .. L), or layeratt (a "
+            "model the layeratt method trained)")
 
 
 def check_pooling(value, field: str, also: tuple[str, ...] = (), error: type[Exception] = ValueError):
@@ -76,6 +82,8 @@ def masked_mean(tokens: torch.Tensor, attention_mask: torch.Tensor) -> torch.Ten
 
 def masked_max(tokens: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """Element-wise max over the real tokens of ``tokens`` [B, T, d]."""
+    import torch
+
     mask = attention_mask.unsqueeze(-1).bool()
     return tokens.masked_fill(~mask, torch.finfo(tokens.dtype).min).max(dim=1).values
 

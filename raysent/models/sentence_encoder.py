@@ -13,10 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
-from raysent.errors import RaysentError
+from raysent.errors import ModelError, RaysentError, advice
 from raysent.models.embedder import Embedder
 from raysent.models.encoder import Encoder
-from raysent.models.pooling import check_pooling, describe_allowed
+from raysent.models.pooling import BASE_POOLINGS, check_pooling, describe_allowed, uses_mlp
 
 DEFAULT_MAX_LENGTH = 256  # raysent.config.EvalConfig.max_length
 
@@ -38,12 +38,32 @@ def sentence_transformers_pooling(folder: str | Path) -> str | None:
     return None
 
 
+def check_reads(encoder: Encoder, pooling: str, max_length: int) -> None:
+    """That ``encoder`` has what ``pooling`` reads and room for ``max_length`` tokens, before anything is embedded
+    or written: ``cls`` its trained dense+tanh pooler, ``layeratt`` the trained pooler the layeratt method saves;
+    a sentence longer than its position embeddings cannot be read."""
+    if uses_mlp(pooling, training=False):
+        if pooling == "layeratt" and encoder.head is None:
+            raise ModelError(f"pooling 'layeratt' needs the trained layer-wise attention pooler that the layeratt "
+                             f"method saves with its models; {encoder.source} has none. Give a model the layeratt "
+                             f"method trained, or another pooling ({', '.join(BASE_POOLINGS)}, "
+                             f"layer<K>_<cls|mean|max>)")
+        if pooling != "layeratt" and encoder.pooler_mlp() is None:
+            raise ModelError(f"pooling {pooling!r} reads [CLS] through the model's trained pooler (dense+tanh), and "
+                             f"{encoder.source} has no trained pooler weights; use 'cls_before_pooler' (the raw "
+                             "[CLS]), or a model trained with 'cls' pooling")
+    if max_length < 2 or max_length > encoder.max_positions:
+        raise ModelError(f"max_length {max_length}: {encoder.source} reads at most {encoder.max_positions} tokens per "
+                         f"sentence (its position embeddings); allowed: 2..{encoder.max_positions}")
+
+
 class SentenceEncoder:
     """An :class:`~raysent.models.encoder.Encoder` and the pooling it is read with; ``encode`` embeds sentences
     as ``raysent eval`` does (each distinct sentence once, length-sorted batches, no gradients)."""
 
     def __init__(self, encoder: Encoder, pooling: str, max_length: int = DEFAULT_MAX_LENGTH, batch_size: int = 128):
         check_pooling(pooling, "pooling", error=RaysentError)
+        check_reads(encoder, pooling, max_length)
         self.encoder = encoder.eval()
         self.pooling = pooling
         self.max_length = max_length
@@ -79,12 +99,14 @@ def load(model: str | Path, pooling: str | None = None, max_length: int | None =
     """A saved model (a folder raysent saved, a sentence-transformers folder, a name under RAYSENT_MODEL_DIR or
     a hub id) ready to ``encode``. ``pooling`` overrides the one the model names; a model that names none
     needs it."""
+    check_pooling(pooling, "pooling", error=RaysentError)  # before the model loads (seconds)
     encoder = Encoder.load(str(model))
     pooling = pooling or encoder.meta.pooling or sentence_transformers_pooling(encoder.source)
     if pooling is None:
-        raise RaysentError(f"a pooling is needed: {model} does not say how its sentence vectors are read (no "
-                           f"raysent.json, no sentence-transformers pooling config); allowed: {describe_allowed()}")
-    if max_length is None:
+        give = advice("--pooling POOLING", 'pooling="mean"')
+        raise RaysentError(f"a pooling is needed ({give}): {model} does not say how its sentence vectors are read "
+                           f"(no raysent.json, no sentence-transformers pooling config); allowed: {describe_allowed()}")
+    if max_length is None:  # what it was saved with, else the default as far as the model's positions go
         st = (encoder.meta.extra or {}).get("sentence_transformers") or {}
-        max_length = int(st.get("max_length", DEFAULT_MAX_LENGTH))
+        max_length = int(st.get("max_length", min(DEFAULT_MAX_LENGTH, encoder.max_positions)))
     return SentenceEncoder(encoder, pooling, max_length=max_length, batch_size=batch_size)

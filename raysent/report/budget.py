@@ -187,7 +187,7 @@ def budget_curve(scores: Sequence[float], steps: Sequence[int | None] | None = N
     noise = seed_sd / math.sqrt(seeds_per_configuration) if seed_sd is not None else None
     text = (f" (the pooled seed std of the {seed_sd_from or 'search'}, {seed_sd:.2f}, / √{seeds_per_configuration})"
             if seed_sd is not None else "")
-    gain, flat, sentence = verdict(curve, noise, mode, text)
+    gain, flat, sentence = verdict(curve.tolist(), noise, mode, text)
     return BudgetCurve(metric=metric, mode=mode, estimator="with replacement" if replacement else "without replacement",
                        configurations=len(scores), scores=[float(s) for s in scores], config_ids=list(config_ids),
                        stopped_configurations=stopped, expected_best=curve.tolist(), band_low=lo.tolist(),
@@ -223,7 +223,7 @@ def earlier_stage_steps(record) -> int | None:
     from raysent.methods.base import PREVIOUS_STAGE_BEST, Method
 
     method = get_method(record.method)
-    if getattr(method.stages, "__func__", None) is Method.stages.__func__:  # one stage
+    if next(k for k in method.__mro__ if "stages" in vars(k)) is Method:  # it keeps Method's one stage
         return 0
     from raysent.config import parse_config, with_overrides
 

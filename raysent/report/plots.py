@@ -26,6 +26,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter
 
 from raysent.errors import RaysentError
@@ -97,12 +98,13 @@ def plot_hyperparameters(runs: list[Run], path: str | Path, title: str = "") -> 
     for ax, name in zip(axes[0], names):
         have = [r for r in runs if name in r.hp]
         xs = [r.hp[name] for r in have]
-        spec = space.get(name) if isinstance(space.get(name), dict) else {}
+        entry = space.get(name)
+        spec = entry if isinstance(entry, dict) else {}
         kind = str(spec.get("type", ""))
         numeric = kind not in ("choice", "grid") and all(isinstance(x, (int, float)) and not isinstance(x, bool)
                                                          for x in xs)
-        cats = None if numeric else sorted({x for x in xs}, key=lambda v: (isinstance(v, str), v if not
-                                                                            isinstance(v, str) else 0, str(v)))
+        cats: list[Any] = [] if numeric else sorted({x for x in xs}, key=lambda v: (
+            isinstance(v, str), v if not isinstance(v, str) else 0, str(v)))
 
         def pos(x, numeric=numeric, cats=cats):
             return x if numeric else cats.index(x)
@@ -114,7 +116,9 @@ def plot_hyperparameters(runs: list[Run], path: str | Path, title: str = "") -> 
             by_cfg.setdefault(r.config_id, []).append(r)
         mx, my, me = [], [], []
         for rs in by_cfg.values():
-            vals = [r.score("dev") for r in rs]
+            vals = [v for r in rs if (v := r.score("dev")) is not None]
+            if not vals:
+                continue
             mx.append(pos(rs[0].hp[name]))
             my.append(float(np.mean(vals)))
             me.append(float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0)
@@ -182,6 +186,8 @@ def plot_optuna(study, kind: str, path: str | Path) -> Path:
         ax = ovm.plot_param_importances(study)
     ax = np.ravel(ax)[0] if isinstance(ax, np.ndarray) else ax
     fig = ax.figure
+    if not isinstance(fig, Figure):  # a subfigure: its figure is the one to size and save
+        fig = fig.figure
     fig.suptitle(f"{study.study_name} ({len(done)} trials; objective: mean dev Spearman over seeds)", fontsize=9)
     fig.set_size_inches(max(fig.get_size_inches()[0], 8), max(fig.get_size_inches()[1], 5))
     return _save(fig, Path(path))
@@ -230,9 +236,9 @@ def plot_parallel(name: str, trials: list, maximize: bool, path: str | Path) -> 
         score = (values[i] - lo) / ((hi - lo) or 1.0)
         ax.plot(xs, ys, color=cmap(score if maximize else 1 - score), lw=3.0 if i == best else 1.4,
                 alpha=1.0 if i == best else 0.8, zorder=3 if i == best else 2)
-    for x, marks in zip(xs, ticks):
-        ax.axvline(x, color="0.3", lw=0.8, zorder=1)
-        for y, text in marks:
+    for x, axis_ticks in zip(xs, ticks):
+        ax.axvline(float(x), color="0.3", lw=0.8, zorder=1)
+        for y, text in axis_ticks:
             ax.text(x - 0.04, y, text, ha="right", va="center", fontsize=8, color="0.2", zorder=4,
                     bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.6, "alpha": 0.85})
     ax.set_xticks(xs, labels, fontsize=9)

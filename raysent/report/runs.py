@@ -5,7 +5,7 @@ What a run file holds (written by ``raysent tune``; see README "Tune"): ``experi
 values), ``seed``, ``method``, ``model``, ``hyperparameters`` (every hyperparameter under its
 raysent name), ``transductive``, ``best_dev_spearman``, ``dev_curve`` ([{step, dev_spearman}]),
 ``config`` (the resolved experiment) and, in the final phase, ``scores`` (``sts/sts12``,
-``sts/sts12/pearson``, ..., ``sts/avg``: the headline aggregation) with ``eval.details.sts.tasks``
+``sts/sts12/pearson``, ..., ``sts/avg``: the headline aggregation) with ``eval.sts.tasks``
 holding every aggregation (``spearman_all``, ``spearman_mean``, ``spearman_wmean``, ``pearson_*``).
 
 This module reads them, picks the number a table asks for (task × aggregation × correlation) and
@@ -17,18 +17,21 @@ from __future__ import annotations
 
 import glob as globlib
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from raysent.errors import RaysentError, did_you_mean
-from raysent.train.records import PHASES, RunRecord, check_records, learned, read_record
+from raysent.eval.results import AGGREGATIONS, CORRELATIONS, STS_LABELS, Aggregation, Correlation
+from raysent.train.records import PHASES, STS_SETS, RunRecord, check_records, learned, read_record
 
-TASKS = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")  # the papers' column order
-TASK_LABELS = {"sts12": "STS12", "sts13": "STS13", "sts14": "STS14", "sts15": "STS15", "sts16": "STS16",
-               "stsb": "STS-B", "sickr": "SICK-R", "avg": "Avg", "dev": "Dev"}
-AGGREGATIONS = ("all", "mean", "wmean")
-CORRELATIONS = ("spearman", "pearson")
+__all__ = ["AGGREGATIONS", "CORRELATIONS", "TASKS", "TASK_LABELS", "Run", "load_experiment", "resolve"]
+
+C = TypeVar("C", bound=str)
+
+TASKS = STS_SETS  # the papers' column order
+TASK_LABELS = {**STS_LABELS, "avg": "Avg", "dev": "Dev"}
 
 # run-file keys that say nothing about the configuration (never offered for --group-by)
 _VOLATILE = {"best_model_dir", "train_seconds", "sentences_per_second", "wall_seconds", "finished_at",
@@ -159,43 +162,22 @@ class Run:
                             and not k.startswith(("search.space.", "tracking."))}
         return self._fields
 
-    # ------------------------------------------------------------------ scores
-    def _sts_details(self) -> dict:
-        return ((self.record.eval or {}).get("details") or {}).get("sts") or {}
-
+    # ------------------------------------------------------------------ scores (the record answers them)
     def headline_aggregation(self) -> str:
-        agg = self._sts_details().get("aggregation") or (self.config.get("eval") or {}).get("aggregation")
-        return str(agg or "all")
+        return self.record.headline_aggregation()
 
     def has_test_scores(self) -> bool:
-        return any(k.startswith("sts/") for k in self.record.scores)
+        return self.record.has_test_scores()
 
     def available_aggregations(self) -> list[str]:
         """The STS12-16 aggregations this file holds numbers for."""
-        tasks = self._sts_details().get("tasks") or {}
-        have = [a for a in AGGREGATIONS if tasks and all(f"spearman_{a}" in r and f"pearson_{a}" in r
-                                                         for r in tasks.values())]
-        return have or [self.headline_aggregation()]
+        return self.record.available_aggregations()
 
-    def score(self, task: str, aggregation: str = "all", correlation: str = "spearman") -> float | None:
-        """One test number ×100 (None: this run has no such score).
-
-        ``task`` is one of :data:`TASKS`, ``avg`` (the mean of the seven, only when all seven are
-        there) or ``dev`` (the best STS-B dev score the run selected its checkpoint on).
-        """
-        if task == "dev":
-            return _finite(self.record.best_dev_spearman)
-        if task == "avg":
-            vals = [self.score(t, aggregation, correlation) for t in TASKS]
-            return None if any(v is None for v in vals) else sum(vals) / len(vals)
-        details = (self._sts_details().get("tasks") or {}).get(task)
-        if isinstance(details, dict) and f"{correlation}_{aggregation}" in details:
-            return _finite(details[f"{correlation}_{aggregation}"])
-        scores = self.record.scores
-        key = f"sts/{task}" + ("/pearson" if correlation == "pearson" else "")
-        if key in scores and (aggregation == self.headline_aggregation() or task in ("stsb", "sickr")):
-            return _finite(scores[key])
-        return None
+    def score(self, task: str, aggregation: Aggregation = "all", correlation: Correlation = "spearman"
+              ) -> float | None:
+        """One number ×100 (None: this run has no such score): :meth:`RunRecord.score
+        <raysent.train.records.RunRecord.score>`."""
+        return self.record.score(task, aggregation, correlation)
 
     def dev_curve(self) -> list[tuple[int, float]]:
         out = []
@@ -244,10 +226,12 @@ def load_experiment(name: str, results_dir: str | Path, phase: str | None = None
     return runs
 
 
-def check_choice(value: str, allowed, option: str) -> str:
-    if value not in allowed:
-        raise RaysentError(f"{option} {value!r}: unknown{did_you_mean(value, allowed)}; allowed: {', '.join(allowed)}")
-    return value
+def check_choice(value: str, allowed: Sequence[C], option: str) -> C:
+    """``value`` as the one of ``allowed`` it names, or an error naming the option and what is allowed."""
+    for choice in allowed:
+        if choice == value:
+            return choice
+    raise RaysentError(f"{option} {value!r}: unknown{did_you_mean(value, allowed)}; allowed: {', '.join(allowed)}")
 
 
 def resolve(spec: str, results_dir: str | Path, phase: str | None = "final") -> list[Run]:
@@ -313,7 +297,7 @@ def check_aggregation(runs: list[Run], aggregation: str) -> None:
         if r.has_test_scores() and aggregation not in r.available_aggregations():
             have = r.available_aggregations()
             raise RaysentError(
-                f"{r.path}: holds STS12-16 only in the aggregation(s) {', '.join(have)} (eval.details.sts.tasks has "
+                f"{r.path}: holds STS12-16 only in the aggregation(s) {', '.join(have)} (eval.sts.tasks has "
                 f"no spearman_{aggregation}/pearson_{aggregation}); use --aggregation {have[0]}")
 
 

@@ -53,7 +53,7 @@ def _final_lines(summary: Summary, final: ArmOutcome) -> list[str]:
         arms = [(_marked("searched", final), final.scores, ""), (_marked(other, paper), paper.scores, "")]
     rows = {label: row for label, scores, kind in arms if (row := paper_row(scores, kind))}
     if vs is not None and vs.tasks and rows:
-        rows["Δ"] = [f"{d['diff_mean']:+.2f}" if (d := vs.tasks.get(c)) and d.get("diff_mean") is not None
+        rows["Δ"] = [f"{d.diff_mean:+.2f}" if (d := vs.tasks.get(c)) is not None and d.diff_mean is not None
                      else "—" for c in (*TASKS, "avg")]
     if (pearson := paper_row(final.scores, "/pearson")) and rows:
         rows["Pearson"] = pearson
@@ -65,13 +65,13 @@ def _final_lines(summary: Summary, final: ArmOutcome) -> list[str]:
         lines += [f"  {label:{lw}s}  " + "  ".join(v.rjust(w) for v, w in zip(row, width))
                   for label, row in rows.items()]
     shown = {f"sts/{t}{kind}" for t in (*TASKS, "avg") for kind in ("", "/pearson")} if rows else set()
-    avg = (vs.tasks if vs is not None else {}).get("avg")
-    if vs is not None and avg and avg.get("diff_mean") is not None:
-        p_t = "—" if avg.get("t_p") is None else f"{avg['t_p']:.3g}"
-        p_w = "—" if avg.get("wilcoxon_p") is None else f"{avg['wilcoxon_p']:.3g}"
-        lines.append(f"  searched − {other} ({vs.searched} − {vs.paper}), Avg: {avg['diff_mean']:+.2f}"
-                     + (f" ± {avg['diff_std']:.2f}" if avg.get("diff_std") is not None else "")
-                     + f" over {avg['n']} paired seeds; paired t-test p {p_t}, Wilcoxon p {p_w}")
+    avg = vs.tasks.get("avg") if vs is not None else None
+    if vs is not None and avg is not None and avg.diff_mean is not None:
+        p_t = "—" if avg.t_p is None else f"{avg.t_p:.3g}"
+        p_w = "—" if avg.wilcoxon_p is None else f"{avg.wilcoxon_p:.3g}"
+        lines.append(f"  searched − {other} ({vs.searched} − {vs.paper}), Avg: {avg.diff_mean:+.2f}"
+                     + (f" ± {avg.diff_std:.2f}" if avg.diff_std is not None else "")
+                     + f" over {avg.n} paired seeds; paired t-test p {p_t}, Wilcoxon p {p_w}")
     for k, v in final.scores.items():
         if k not in shown:
             lines.append(f"  {k:28s} {v.mean:6.2f} ± {v.std:.2f} (n={v.n})")

@@ -342,8 +342,8 @@ def build_table(
             row.info["_sort"] = (r0.experiment, r0.search, label)
         rows.append(row)
     rows.sort(key=lambda r: (r.info.get("experiment", ""), r.info["_sort"]) if not group_by else r.info["_sort"])
-    for r in rows:
-        r.info.pop("_sort", None)
+    for row in rows:
+        row.info.pop("_sort", None)
 
     notes = [f"{r.key}: {n}" for r in rows for n in r.notes]
     if any("[no learning:" in r.label for r in rows):

@@ -524,9 +524,10 @@ def device_batches(data: TokenizedData, batches: list[np.ndarray], device: torch
 
     # its own generator: a DataLoader draws its base seed from torch's global one at every iteration, which would
     # shift the dropout masks of the steps after it and make a resumed run differ from one that never stopped
-    loader: DataLoader = DataLoader(batches, batch_size=None, shuffle=False,  # type: ignore[arg-type]
-                                    collate_fn=data.collate, pin_memory=device.type == "cuda", num_workers=0,
-                                    generator=torch.Generator().manual_seed(0))
+    loader: DataLoader = DataLoader(
+        batches,  # type: ignore[arg-type]  # a list serves as a map-style dataset (torch's hint asks for a Dataset)
+        batch_size=None, shuffle=False, collate_fn=data.collate, pin_memory=device.type == "cuda", num_workers=0,
+        generator=torch.Generator().manual_seed(0))
     for batch in loader:
         yield _to_device(batch, device)
 

@@ -68,7 +68,8 @@ class RayHooks(TrainHooks):
         self.rank, self.world_size = ctx.get_world_rank(), ctx.get_world_size()
         self.quiet = quiet
         self.resume = True  # whatever Ray hands us (a retry, or a resumed run) is resumed
-        self.output_dir = None
+        # no output folder of its own (the base's output_dir): its checkpoints are Ray's (restore_dir, scratch_dir,
+        # report and finish are this class's)
         self.device = ray.train.torch.get_device()
         self.gather_negatives = cfg.train.gather_negatives
         self._scratch: Path | None = None
@@ -363,7 +364,7 @@ def make_trainer(cfg: ExperimentConfig, resume: bool = False, quiet: bool = Fals
     )
 
 
-def take_best_model(checkpoint, out: Path) -> dict | None:
+def take_best_model(checkpoint, out: Path) -> TrainSummary | None:
     """Put the best model of a Ray Train checkpoint in <out>/best (replaced atomically; hard links where the
     checkpoint is on this file system); returns the run summary the checkpoint holds (the final one has it)."""
     out.mkdir(parents=True, exist_ok=True)

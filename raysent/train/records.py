@@ -13,32 +13,80 @@ that names the file and the field. Version history:
 * 0 — the fields of version 1 without ``schema_version`` (written before 2026-11-25): read as version 1.
 * 1 — the fields below (2026-11-25; ``diverged`` added, optional, the same day), with absolute paths of the
   machine that wrote them: read as version 2 (the paths made relative).
-* 2 — ``node`` added (optional); paths relative on disk (2026-11-25).
+* 2 — ``node`` added (optional); paths relative on disk (2026-11-25): read as version 3.
+* 3 — ``eval`` typed (:class:`~raysent.eval.results.Evaluation`: each task's result by its name, in place of
+  version 2's ``{"metrics", "details"}``, whose metrics are the results' own), ``stopped`` typed
+  (:class:`StoppedBy`), ``initial_dev`` a map of numbers (2026-11-28).
+
+A record answers :meth:`RunRecord.score` (a test number by task, aggregation and correlation, or its best dev
+score), as mteb's ``TaskResult.get_score`` does.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from raysent.errors import RaysentError
+from raysent.eval.results import (
+    STS_LABELS,
+    Aggregation,
+    Correlation,
+    Evaluation,
+    migrate_v2_evaluation,
+)
 from raysent.io import write_json_atomic
 
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
 DIVERGED_DROP: Final = 10.0  # Spearman points (×100) below the untrained start that make a run "diverged"
 PHASES = ("final", "search")
+STS_SETS = tuple(STS_LABELS)  # sts12 ... sickr: the papers' column order, whose mean is ``avg``
 
 
 class CurvePoint(BaseModel):
-    """One evaluation during training: the step and the dev score(s) (``dev/<set>`` for extra dev sets)."""
+    """One evaluation during training: the step and the dev score(s) (``dev/<set>`` for each dev set, as extra
+    fields): the one type of a dev curve, in a training summary and in a run record."""
 
     model_config = ConfigDict(extra="allow")
     step: int
     dev_spearman: float
+
+    def scores(self) -> dict[str, float]:
+        """``dev_spearman`` and every ``dev/<set>`` score of this evaluation (the step left out)."""
+        return {"dev_spearman": self.dev_spearman,
+                **{k: float(v) for k, v in (self.model_extra or {}).items() if isinstance(v, (int, float))}}
+
+
+class StoppedBy(BaseModel):
+    """By whom and where a trial was ended before its last step (a scheduler: :mod:`raysent.tune.stopped`)."""
+
+    model_config = ConfigDict(extra="forbid")
+    by: str
+    at_step: int | None = None
+    training_iteration: int | None = None
+    total_steps: int | None = None
+
+
+class RunIdentity(BaseModel):
+    """What names one (configuration, seed) of a search before it trains (its MLflow run's name and tags, its
+    record's file name); a record's :attr:`RunRecord.identity`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    phase: Literal["final", "search"]
+    hp: dict[str, Any]
+    seed: int
+    config_id: str
+    trial_id: str | None = None
+
+    def filename(self, search: str) -> str:
+        """Its record's file under results/<experiment>/runs/: ``<phase>-<search>-<config_id>-seed<seed>.json``."""
+        return f"{self.phase}-{search}-{self.config_id}-seed{self.seed}.json"
 
 
 class RunRecord(BaseModel):
@@ -46,7 +94,7 @@ class RunRecord(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    schema_version: Literal[2] = Field(SCHEMA_VERSION, description="the record format (this module's history)")
+    schema_version: Literal[3] = Field(SCHEMA_VERSION, description="the record format (this module's history)")
     # identity
     experiment: str
     phase: Literal["final", "search"]
@@ -64,7 +112,7 @@ class RunRecord(BaseModel):
     transductive: bool | None = None
     best_dev_spearman: float
     best_step: int | None = None
-    initial_dev: dict[str, Any] | None = None
+    initial_dev: dict[str, float] | None = Field(None, description="the dev scores of the untouched encoder")
     dev_curve: list[CurvePoint] = Field(default_factory=list)
     final_step: int | None = None
     learned: bool | None = Field(None, description="best checkpoint after step 0 (None: a method that does not train)")
@@ -78,10 +126,10 @@ class RunRecord(BaseModel):
                                                "disk)")
     wall_seconds: float | None = None
     finished_at: float | None = None
-    stopped: dict[str, Any] | None = Field(None, description="by whom and at which step a scheduler ended it")
+    stopped: StoppedBy | None = Field(None, description="by whom and at which step a scheduler ended it")
     # evaluation (final phase)
-    scores: dict[str, float] = Field(default_factory=dict)
-    eval: dict[str, Any] | None = None
+    scores: dict[str, float] = Field(default_factory=dict, description="the test metrics, flat (eval.metrics())")
+    eval: Evaluation | None = Field(None, description="each test task's full result")
     # tracking
     mlflow_run_id: str | None = None
 
@@ -107,13 +155,61 @@ class RunRecord(BaseModel):
         write_json_atomic(path, portable.to_json())
 
     @property
+    def identity(self) -> RunIdentity:
+        return RunIdentity(phase=self.phase, hp=self.hp, seed=self.seed, config_id=self.config_id,
+                           trial_id=self.trial_id)
+
+    @property
     def filename(self) -> str:
         """Its file under results/<experiment>/runs/: ``<phase>-<search>-<config_id>-seed<seed>.json``."""
-        return f"{self.phase}-{self.search}-{self.config_id}-seed{self.seed}.json"
+        return self.identity.filename(self.search)
 
     def to_json(self) -> dict:
         """The record as plain data for ``json.dump`` (NaN scores stay NaN, as the loop reported them)."""
         return self.model_dump()
+
+    # ------------------------------------------------------------------ scores
+    def headline_aggregation(self) -> str:
+        """The STS12-16 aggregation of its headline scores (``scores``): the evaluation's, else the config's."""
+        if self.eval is not None and self.eval.sts is not None:
+            return self.eval.sts.aggregation
+        return str((self.config.get("eval") or {}).get("aggregation") or "all")
+
+    def has_test_scores(self) -> bool:
+        return any(k.startswith("sts/") for k in self.scores)
+
+    def available_aggregations(self) -> list[str]:
+        """The STS12-16 aggregations this record holds numbers for (all three with an STS evaluation)."""
+        if self.eval is not None and self.eval.sts is not None and self.eval.sts.tasks:
+            return ["all", "mean", "wmean"]
+        return [self.headline_aggregation()]
+
+    def score(self, task: str, aggregation: Aggregation = "all", correlation: Correlation = "spearman"
+              ) -> float | None:
+        """One number ×100 (None: the record has no such score, or it is not finite).
+
+        ``task`` is an STS set (``sts12`` … ``sickr``), ``avg`` (the mean of the seven, only when all seven are
+        there) or ``dev`` (the best dev score the run selected its checkpoint on); ``aggregation`` applies to
+        STS12-16 (``all``, ``mean``, ``wmean``), ``correlation`` is ``spearman`` or ``pearson``.
+        """
+        if task == "dev":
+            return _finite(self.best_dev_spearman)
+        if task == "avg":
+            vals = [self.score(t, aggregation, correlation) for t in STS_SETS]
+            present = [v for v in vals if v is not None]
+            return sum(present) / len(present) if len(present) == len(vals) else None
+        if self.eval is not None and self.eval.sts is not None:
+            found = self.eval.sts.score(task, aggregation, correlation)
+            if found is not None:
+                return _finite(found)
+        key = f"sts/{task}" + ("/pearson" if correlation == "pearson" else "")
+        if key in self.scores and (aggregation == self.headline_aggregation() or task in ("stsb", "sickr")):
+            return _finite(self.scores[key])
+        return None
+
+
+def _finite(v: float | None) -> float | None:
+    return float(v) if v is not None and math.isfinite(v) else None
 
 
 class TrainSummary(BaseModel):
@@ -133,8 +229,8 @@ class TrainSummary(BaseModel):
     stopped_early: bool = False
     resumed_at_step: int | None = None
     resumed_from: str | None = None
-    initial_dev: dict[str, Any] | None = None
-    dev_curve: list[dict[str, Any]] = Field(default_factory=list)
+    initial_dev: dict[str, float] | None = None
+    dev_curve: list[CurvePoint] = Field(default_factory=list)
     loss_curve: list[dict[str, Any]] = Field(default_factory=list)
     train_seconds: float
     steps_per_second: float | None = None
@@ -181,7 +277,7 @@ def read_summary(path: str | Path) -> TrainSummary:
         raise RaysentError(f"{path}: not a valid training summary: {problems}") from None
 
 
-def learned(method: str, best_step) -> bool | None:
+def learned(method: str, best_step: int | None) -> bool | None:
     """Whether a run improved on the untouched encoder: its best checkpoint is after step 0 (None for a method
     that does not train). A run whose best is step 0 reports the input model, not what training made of it."""
     if method == "baseline" or best_step is None:
@@ -189,16 +285,15 @@ def learned(method: str, best_step) -> bool | None:
     return int(best_step) > 0
 
 
-def diverged(initial_dev: dict | None, dev_curve: list) -> bool | None:
+def diverged(initial_dev: dict[str, float] | None, dev_curve: Sequence[CurvePoint]) -> bool | None:
     """Whether a run ended far below where it started: its last dev score is NaN or more than
     :data:`DIVERGED_DROP` points below the untouched encoder's (a learning rate too high collapses the
     embeddings without any NaN). None when the start was not evaluated."""
     start = (initial_dev or {}).get("dev_spearman")
     if start is None or not dev_curve:
         return None
-    last = dev_curve[-1]
-    last = last.get("dev_spearman") if isinstance(last, dict) else last.dev_spearman
-    return last is None or last != last or last < start - DIVERGED_DROP
+    last = dev_curve[-1].dev_spearman
+    return last != last or last < start - DIVERGED_DROP
 
 
 def _absolute(path: str, exp_dir: Path) -> str:
@@ -222,7 +317,7 @@ def _relative(path: str, exp_dir: Path) -> str:
     return path
 
 
-def _run_folders(record: RunRecord, convert) -> dict[str, Any]:
+def _run_folders(record: RunRecord, convert: Callable[[str], str]) -> dict[str, Any]:
     """The record's path fields with ``convert`` applied (as a model_copy update)."""
     update: dict[str, Any] = {}
     if record.best_model_dir:
@@ -264,9 +359,13 @@ def migrate(data: dict, source: str) -> dict:
                                f"{', '.join(sorted(known))})")
         data, version = {**data, "schema_version": 1}, 1
     if version == 1:  # paths made portable: absolute on the machine that wrote them
-        data = {**data, "schema_version": 2}
+        data, version = {**data, "schema_version": 2}, 2
         if isinstance(data.get("eval"), dict):
             data["eval"] = _portable_data(data["eval"])
+    if version == 2:  # the evaluation typed: each task's result by its name
+        data = {**data, "schema_version": 3}
+        if isinstance(data.get("eval"), dict):
+            data["eval"] = migrate_v2_evaluation(data["eval"])
     return data
 
 

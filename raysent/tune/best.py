@@ -1,4 +1,5 @@
-"""Choosing a search's best configuration, and summing up a final phase, from the run records.
+"""Choosing a search's best configuration, and summing up a final phase, from the run records; the winner's
+``best.yaml`` and the searched configurations' MLflow runs.
 
 The best configuration has the highest mean, over its seeds, of the searched metric (``best_dev_spearman``);
 on equal means one that learned (best checkpoint after step 0) wins over one whose every seed kept the
@@ -11,11 +12,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import yaml
 
+from raysent.config import ExperimentConfig, with_overrides
 from raysent.errors import RaysentError
+from raysent.tracking import log_configuration
 from raysent.train.records import RunRecord, learned, read_record
 from raysent.tune.state import ArmOutcome, Best, ConfigScore, FailedTrial, ScoreStat, StoppedTrial
-from raysent.tune.trial import STOPPED_DIR
+from raysent.tune.trial import STOPPED_DIR, MlflowTarget
 
 
 def records(exp: Path, phase: str, run: str, folder: str = "runs") -> list[RunRecord]:
@@ -56,7 +60,7 @@ def pick_best(exp: Path, run: str, mode: str, failed: list[FailedTrial], say=lam
         say(f"{len(tied)} configurations tie at dev {top.dev_mean:.4f}: {top.config_id} is taken because {why}")
         top = top.model_copy(update={"tie": {"with": [c.config_id for c in tied[1:]], "learned": top.learned}})
     stopped = [StoppedTrial(trial_id=r.trial_id, config_id=r.config_id, hp=r.hp, seed=r.seed,
-                            best_dev_spearman=r.best_dev_spearman, at_step=(r.stopped or {}).get("at_step"))
+                            best_dev_spearman=r.best_dev_spearman, at_step=r.stopped.at_step if r.stopped else None)
                for r in records(exp, "search", run, STOPPED_DIR)]
     if stopped:
         say(f"{len(stopped)} trial(s) stopped early by the scheduler: records in {exp / STOPPED_DIR}")
@@ -84,3 +88,26 @@ def arm_outcome(recs: list[RunRecord], seeds: list[int], errors: list[str]) -> A
                       not_learned_seeds=sorted(r.seed for r in recs if learned(r.method, r.best_step) is False),
                       diverged_seeds=sorted(r.seed for r in recs if r.diverged),
                       transductive=any(bool(r.transductive) for r in recs))
+
+
+def write_best_yaml(cfg: ExperimentConfig, exp: Path, run: str, best: Best) -> Path:
+    """``results/<experiment>/best.yaml``: the experiment with the winning configuration applied (no search part),
+    which ``raysent tune --final-only --config`` runs again."""
+    best_cfg = with_overrides(cfg, best.hp).to_dict()
+    best_cfg.pop("search", None)
+    where = Path(cfg.tracking.results_dir) / exp.name / "best.yaml"  # as the file names the results folder
+    path = exp / "best.yaml"
+    path.write_text(f"# best configuration of search {run} (mean dev {best.dev_mean:.2f} over {best.n} seed(s));\n"
+                    f"# `raysent tune --final-only --config {where}` re-runs the final phase\n"
+                    + yaml.safe_dump(best_cfg, sort_keys=False))
+    return path
+
+
+def log_configurations(cfg: ExperimentConfig, mlflow: MlflowTarget, groups: dict[str, list[RunRecord]],
+                       best: Best) -> None:
+    """A run per searched configuration in MLflow (its mean and std best dev score), its seeds' runs below it."""
+    for c in best.configurations:
+        recs = groups[c.config_id]
+        log_configuration(mlflow.uri, mlflow.experiment_id, with_overrides(cfg, c.hp), "search", c.hp, c.config_id,
+                          {"best_dev_spearman_mean": c.dev_mean, "best_dev_spearman_std": c.dev_std},
+                          [r.mlflow_run_id for r in recs if r.mlflow_run_id], mlflow.parent, [r.seed for r in recs])

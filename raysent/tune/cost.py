@@ -51,7 +51,7 @@ def run_steps(cfg: ExperimentConfig, est: Estimate) -> int:
     for stage in range(stages):
         spec = (cfg.data.sup if stage == 0 and stages == 2 else cfg.data.train) or next(
             iter(method.data_defaults.values()), None)
-        n = cfg.data.max_train_samples or est.train_sizes.get(spec) or _local_size(spec)
+        n = cfg.data.max_train_samples or (est.train_sizes.get(spec) if spec else None) or _local_size(spec)
         epochs = params.get("sup_epochs", 1) if stage == 0 and stages == 2 else t.epochs
         total += epochs * math.ceil(n / t.batch_size)
     return total

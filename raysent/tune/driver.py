@@ -6,40 +6,42 @@ Checks
     Every run record (``--resume``), the model, data, batch, results folder, MLflow store, Ray address and, on
     a local Ray, the resources, then MLflow's artifact store and registry: one error before Ray starts.
 Search phase (:func:`run_search`)
-    ``search.algorithm``: Optuna's multivariate TPE (``optuna-tpe``, seeded, the default; ``optuna`` is its
-    earlier name), its GPSampler (``optuna-gp``) or its random sampler (:func:`sampler_of`), each through
-    ``ray.tune.search.optuna.OptunaSearch`` with a define-by-run space (conditional entries), the Optuna study
-    kept in ``results/<experiment>/optuna.db``; or ``grid`` (Tune's ``grid_search``). The warm-start
-    configuration is tried first (:class:`~raysent.tune.plan.SearchPlan`). ``search.seeds`` > 1 wraps the
-    searcher in Tune's ``Repeater`` (each suggestion once per seed; the searcher is told the mean), or, with a
-    scheduler (ASHA) or a pruner (Wilcoxon; :mod:`raysent.tune.schedulers`), makes a trial train all its seeds in
-    turns (:mod:`raysent.tune.seeds`). A trial
-    (:func:`raysent.tune.trial.run_trial`) trains through Ray Train (``resources.workers``) or in its own
-    process; the best configuration is picked from the records (:mod:`raysent.tune.best`).
+    ``search.algorithm`` as Tune's searcher (:mod:`raysent.tune.searchers`: Optuna's TPE, GP or random sampler,
+    or a grid), the warm-start configuration first (:class:`~raysent.tune.plan.SearchPlan`). ``search.seeds`` > 1
+    repeats each configuration once per seed, or, with a scheduler (ASHA) or a pruner (Wilcoxon;
+    :mod:`raysent.tune.schedulers`), makes a trial train all its seeds in turns (:mod:`raysent.tune.seeds`). A
+    trial (:func:`raysent.tune.trial.run_trial`) trains through Ray Train (``resources.workers``) or in its own
+    process.
+Best configuration (:func:`choose_best`)
+    Picked from the search's records (:mod:`raysent.tune.best`), written to ``best.yaml``, each searched
+    configuration a run in MLflow.
 Final phase (:func:`run_final`)
     The best configuration on every seed of ``seeds``, evaluated on the test sets (``eval.tasks``); when it
-    is not the warm-start configuration, that one too, on the same seeds, compared paired by seed.
+    is not the warm-start configuration, that one too, on the same seeds, compared paired by seed
+    (:func:`versus_paper`).
 Publish (:mod:`raysent.tune.publish`)
     The table, model cards and MLflow: outcome, model, registry.
 
 Records: every finished run's ``results/<experiment>/runs/<phase>-<search>-<config>-seed<seed>.json``; a
-trial on another node sends its record in its last result and the driver writes it. The state between
-phases is ``state.json`` (:class:`~raysent.tune.state.SearchState`); ``--resume`` continues from it (finished
-trials kept, unfinished ones from their checkpoints, a deleted record written again from Tune's results).
-Ray, Tune, Optuna and MLflow are imported in the functions that use them (the checks run before Ray starts).
+trial on another node sends its record in its last result and the driver writes it
+(:mod:`raysent.tune.records_transport`). Where things go: :mod:`raysent.tune.storage`; the MLflow store served to
+trials on other nodes: :mod:`raysent.tune.mlflow_server`. The state between phases is ``state.json``
+(:class:`~raysent.tune.state.SearchState`); ``--resume`` continues from it (finished trials kept, unfinished ones
+from their checkpoints, a deleted record written again from Tune's results). Ray, Tune, Optuna and MLflow are
+imported in the functions that use them (the checks run before Ray starts).
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
+import io
 import os
 import sys
 import time
-import warnings
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-
-import yaml
+from typing import Any
 
 from raysent.config import ExperimentConfig, hyperparameters, with_overrides
 from raysent.errors import Interrupted, RaysentError
@@ -49,37 +51,31 @@ from raysent.report.summary import runs_view_url
 from raysent.tracking import (
     end_runs_of,
     ensure_experiment,
-    experiment_name,
     log_budget,
     log_configuration,
-    log_record_artifacts,
     redact,
     reopen_run,
     start_run,
     tracking_uri,
 )
 from raysent.train.ray_train import init_ray, worker_env
-from raysent.train.records import RunRecord, check_records, validate_record
+from raysent.train.records import check_records
 from raysent.train.resources import Placement, resolve, tune_trial_resources
 from raysent.tune import mlflow_server
-from raysent.tune.best import arm_outcome, by_configuration, pick_best, records
+from raysent.tune.best import arm_outcome, by_configuration, log_configurations, pick_best, records, write_best_yaml
 from raysent.tune.plan import SearchPlan
 from raysent.tune.publish import PublishError, check_publishing, publish, search_budget_of
+from raysent.tune.records_transport import check_complete, restore_records, results_of, write_sent_records
+from raysent.tune.searchers import searcher_of
 from raysent.tune.seeds import run_seeds
-from raysent.tune.space import config_id, encode, suggest, warm_source
+from raysent.tune.space import config_id, warm_source
 from raysent.tune.state import ArmOutcome, Best, Comparison, FailedTrial, SearchState, Summary
-from raysent.tune.trial import (
-    RECORD_KEY,
-    STOPPED_DIR,
-    MlflowTarget,
-    TrialContext,
-    TrialNamer,
-    run_trial,
-    this_node,
-    trial_dirname,
-)
+from raysent.tune.storage import experiment_dir, tune_storage, with_absolute_storage
+from raysent.tune.trial import MlflowTarget, TrialContext, TrialNamer, run_trial, this_node, trial_dirname
 
 # Lazy imports: optuna, ray, raysent's heavier modules (heavy, and only the functions that need them import them).
+
+Say = Callable[[str], None]
 
 BROKEN_RECORD_FIX = ("Delete each broken file and run `raysent tune {source} --resume` again: a finished run's record "
                      "is written again from the result Tune kept for its trial (nothing is trained again); a run "
@@ -87,24 +83,10 @@ BROKEN_RECORD_FIX = ("Delete each broken file and run `raysent tune {source} --r
                      "of a trial the scheduler stopped; its MLflow run, KILLED, keeps that curve.)")
 
 
-# --------------------------------------------------------------------------- where things go
-def experiment_dir(cfg: ExperimentConfig) -> Path:
-    return Path(cfg.tracking.results_dir).resolve() / experiment_name(cfg)
-
-
+# --------------------------------------------------------------------------- the trials
 def tune_metric(cfg: ExperimentConfig) -> str:
     metric = cfg.search.metric if cfg.search else "dev_spearman"
     return "best_dev_spearman" if metric == "dev_spearman" else metric
-
-
-def tune_storage(cfg: ExperimentConfig, exp: Path) -> str:
-    """Where Tune keeps the experiment state and trial folders: ``resources.storage_path`` (a folder every
-    node sees, or s3:// / gs://) under the experiment's name, else results/<experiment>/tune on this machine."""
-    if cfg.resources.storage_path:
-        root = cfg.resources.storage_path
-        root = root if "://" in root else str(Path(root).expanduser().resolve())
-        return f"{root.rstrip('/')}/{exp.name}"
-    return str(exp / "tune")
 
 
 def reuse_trial_processes(cfg: ExperimentConfig) -> bool:
@@ -118,181 +100,49 @@ def reuse_trial_processes(cfg: ExperimentConfig) -> bool:
     return cfg.resources.workers is None
 
 
-def _say(quiet: bool):
-    return (lambda m: None) if quiet else (lambda m: print(m, file=sys.stderr, flush=True))
+def _silent(m: str) -> None:
+    """What a quiet search says (raysent.search's default): nothing."""
 
 
-# --------------------------------------------------------------------------- records from the trials
-def write_sent_records(last_results: list[dict], exp: Path, mlflow: MlflowTarget | None = None) -> int:
-    """Write the run records that trials sent in their last result (``RECORD_KEY``) and that are not on this
-    machine's disk: those of trials on other nodes, and any record deleted since (a broken one). A record from
-    another node also brings its run's MLflow files (config.yaml, result.json), which its trial could not
-    write: the artifact folder is on this machine."""
-    written = 0
-    for metrics in last_results:
-        text = metrics.get(RECORD_KEY)
-        if not text:
-            continue
-        sent = json.loads(text)  # one record, or a list: the seeds of a trial that trains them all
-        for data in sent if isinstance(sent, list) else [sent]:
-            rec = validate_record(data, f"the record trial {metrics.get('trial_id')} sent")
-            path = exp / "runs" / rec.filename
-            if not path.is_file():
-                rec.to_disk(path)
-                written += 1
-                if mlflow and rec.mlflow_run_id:
-                    _log_files(mlflow.uri, rec)
-    return written
+def _say(quiet: bool) -> Say:
+    return _silent if quiet else (lambda m: print(m, file=sys.stderr, flush=True))
 
 
-def _log_files(uri: str, rec: RunRecord) -> None:
-
-    try:
-        log_record_artifacts(uri, str(rec.mlflow_run_id), yaml.safe_dump(rec.config, sort_keys=False), rec.to_json())
-    except Exception as exc:
-        warnings.warn(f"MLflow ({redact(uri)}): the files of run {rec.mlflow_run_id} not logged: {exc}", stacklevel=2)
+def _tune_verbosity(say: Say) -> int | None:
+    """Tune's status and result tables: none for a quiet search (about 280 lines for docs/python-api.md's example),
+    Tune's default otherwise."""
+    return 0 if say is _silent else None
 
 
-def restore_records(cfg: ExperimentConfig, exp: Path, run: str) -> int:
-    """``--resume``: the records of the search's trials that Tune holds a finished result of and that are
-    missing from runs/ (deleted because they were broken) are written again; nothing is trained for them."""
-    from ray.tune import ExperimentAnalysis
-
-    storage = tune_storage(cfg, exp).rstrip("/")
-    written = 0
-    for name in (f"search-{run}", f"final-{run}", f"final-paper-{run}"):
-        path = f"{storage}/{name}"
-        if "://" not in path and not Path(path).is_dir():
-            continue
-        try:
-            trials = ExperimentAnalysis(path).trials
-        except Exception:  # no experiment state (yet): nothing to restore from
-            continue
-        written += write_sent_records([t.last_result or {} for t in trials], exp)
-    return written
+def _fit(tuner: Any, say: Say) -> Any:
+    """``tuner.fit()``; for a quiet search without a line on stdout: Tune prints each phase's header (its
+    configuration and where its results are) whatever its verbosity, ~10 lines a phase, and forwards the trials'
+    output through the driver's stdout. Errors still come back: Tune returns them with the results, and trial
+    logs stay in the trial folders."""
+    if say is not _silent:
+        return tuner.fit()
+    with contextlib.redirect_stdout(io.StringIO()):
+        return tuner.fit()
 
 
-def check_complete(results, expected: int, cfg: ExperimentConfig, what: str) -> None:
-    """Tune returns normally when interrupted (Ctrl-C), having saved its state: an unfinished trial, or fewer
-    trials than the phase has, means the phase did not end and must not be summarised as if it had.
-
-    The records decide, not Tune's counts (Tune counts the trials it ended because of Ctrl-C as terminated): a
-    trial finished iff it sent its run record (its last result carries it), failed iff Tune holds its error, was
-    stopped by the scheduler iff its record is in ``stopped/``; any other trial was running."""
-    stopped_ids = {p.stem.rsplit("-", 1)[-1] for p in (experiment_dir(cfg) / STOPPED_DIR).glob("*.json")}
-    finished = failed = stopped = 0
-    for r in results:
-        metrics = r.metrics or {}
-        if metrics.get(RECORD_KEY):
-            finished += 1
-        elif r.error is not None:
-            failed += 1
-        elif metrics.get("trial_id") in stopped_ids:
-            stopped += 1
-    running = len(results) - finished - failed - stopped
-    if running or len(results) < expected:
-        ended = "".join(f"{n} {how}, " for n, how in ((failed, "failed"), (stopped, "stopped by the scheduler")) if n)
-        raise Interrupted(f"{what} of {cfg.name} interrupted after {finished} of {expected} trial(s) finished "
-                          f"({ended}{running} were running); its state is saved: `raysent tune --resume` with the "
-                          "same config continues it (finished trials are kept, unfinished ones go on from their last "
-                          "checkpoint)")
-
-
-# --------------------------------------------------------------------------- the phases
-def _trainable(cfg: ExperimentConfig, ctx: TrialContext, together: bool = False):
+def _trainable(cfg: ExperimentConfig, ctx: TrialContext, together: bool = False) -> Any:
     """Tune's trainable: a trial per (configuration, seed), or per configuration whose seeds train in turns."""
     from ray import tune
-
 
     res = tune_trial_resources(cfg)  # its gpus_per_worker resolved (tune_experiment)
     return tune.with_resources(tune.with_parameters(run_seeds if together else run_trial, ctx=ctx), res)
 
 
 def _context(cfg: ExperimentConfig, exp: Path, state: SearchState, phase: str, mlflow: MlflowTarget | None,
-             **extra) -> TrialContext:
+             **extra: Any) -> TrialContext:
     return TrialContext(config=cfg.to_dict(), source=state.source, phase=phase, run=state.run, exp_dir=str(exp),
                         metric=tune_metric(cfg), mlflow=mlflow, env=worker_env(), driver_node=this_node(), **extra)
 
 
-class DefineByRun:
-    """Optuna's define-by-run space (a picklable callable: Tune checkpoints the searcher)."""
-
-    def __init__(self, space):
-        self.space = space
-
-    def __call__(self, trial) -> None:
-        suggest(trial, self.space)
-
-
-def sampler_of(cfg: ExperimentConfig):
-    """The Optuna sampler of ``search.algorithm`` (not grid), seeded by ``search.seed``: optuna-tpe, Optuna's
-    multivariate TPESampler (what ``optuna`` always was: Optuna 5's default for one objective); optuna-gp, its
-    GPSampler; random, its RandomSampler. ``search.n_startup_trials`` sets the random configurations TPE and GP
-    draw before their model is used (Optuna's default otherwise, 10)."""
-    import optuna
-
+# --------------------------------------------------------------------------- the phases
+def _announce_search(cfg: ExperimentConfig, plan: SearchPlan, run: str, metric: str, say: Say) -> None:
     s = cfg.search
     assert s is not None
-    startup = {} if s.n_startup_trials is None else {"n_startup_trials": s.n_startup_trials}
-    if s.algorithm == "optuna-tpe":
-        return optuna.samplers.TPESampler(seed=s.seed, multivariate=True, **startup)
-    if s.algorithm == "optuna-gp":
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # experimental in some Optuna versions
-            return optuna.samplers.GPSampler(seed=s.seed, **startup)
-    if s.algorithm == "random":
-        return optuna.samplers.RandomSampler(seed=s.seed)
-    raise RaysentError(f"search.algorithm {s.algorithm!r} has no Optuna sampler (a grid is Tune's grid_search)")
-
-
-def _searcher(cfg: ExperimentConfig, plan: SearchPlan, exp: Path, run: str, metric: str):
-    """(Tune's search algorithm, param_space): Optuna with the warm-start point first, or a grid."""
-    from ray import tune
-
-    s = cfg.search
-    assert s is not None
-    apart = s.seeds > 1 and not plan.together  # a trial per (configuration, seed)
-    if plan.points is not None:
-        return None, {"hp": tune.grid_search(plan.points),
-                      **({"seed_index": tune.grid_search(list(range(s.seeds)))} if apart else {})}
-    import optuna
-    from ray.tune.search.optuna import OptunaSearch
-
-    sampler = sampler_of(cfg)
-    storage = optuna.storages.RDBStorage(f"sqlite:///{exp / 'optuna.db'}")
-    searcher = OptunaSearch(space=DefineByRun(s.space), sampler=sampler,
-                            study_name=f"search-{run}", storage=storage, metric=metric, mode=s.mode,
-                            points_to_evaluate=[encode(plan.warm, s.space)] if plan.warm is not None else None)
-    if apart:
-        from ray.tune.search import Repeater
-
-        searcher = Repeater(searcher, repeat=s.seeds, set_index=True)
-    return searcher, None
-
-
-def run_search(cfg: ExperimentConfig, plan: SearchPlan, exp: Path, state: SearchState, mlflow: MlflowTarget | None,
-               resume: bool, say) -> Best:
-    """The search phase's Tune run; returns the best configuration (also written to best.yaml)."""
-    from ray import tune
-    from ray.tune import RunConfig, TuneConfig, Tuner
-
-    from raysent.tune.failfast import FailFast
-
-    s = cfg.search
-    assert s is not None
-    run, metric = state.run, tune_metric(cfg)
-    ctx = _context(cfg, exp, state, "search", mlflow)
-    trainable = _trainable(cfg, ctx, together=plan.together)
-    searcher, param_space = _searcher(cfg, plan, exp, run, metric)
-    from raysent.tune.schedulers import early_stopping
-
-    scheduler, callbacks = early_stopping(cfg, ctx, metric)  # ASHA or Wilcoxon; the trials they stop get a record
-    fail_fast = FailFast(s.fail_fast)
-    callbacks.append(fail_fast)
-    storage = tune_storage(cfg, exp)
-    path = f"{storage.rstrip('/')}/search-{run}"
-    per = 1 if plan.together else s.seeds  # Tune trials per configuration
-    n = 1 if plan.points is not None else s.num_samples * per  # Tune's samples (it expands a grid itself)
     if plan.warm_note:
         say(f"search.warm_start: the paper's setting cannot be tried first ({plan.warm_note})")
     if plan.warm is not None:
@@ -301,9 +151,35 @@ def run_search(cfg: ExperimentConfig, plan: SearchPlan, exp: Path, state: Search
         say(f"search.n_startup_trials: {plan.startup_note}")
     stopper = ("the scheduler sees their mean" if s.scheduler is not None else
                "Optuna's WilcoxonPruner tests their per-seed scores")
+    per = 1 if plan.together else s.seeds
     say(f"search {run}: {s.algorithm}, {plan.trials} trials "
         + (f"(each trains {s.seeds} seeds in turns; {stopper})" if per == 1 < s.seeds
            else f"({s.seeds} seed(s) each)") + f", metric {metric} ({s.mode})")
+
+
+def run_search(cfg: ExperimentConfig, plan: SearchPlan, exp: Path, state: SearchState, mlflow: MlflowTarget | None,
+               resume: bool, say: Say) -> list[FailedTrial]:
+    """The search phase's Tune run (every trial's record written); returns the trials that failed."""
+    from ray import tune
+    from ray.tune import RunConfig, TuneConfig, Tuner
+
+    from raysent.tune.failfast import FailFast
+    from raysent.tune.schedulers import early_stopping
+
+    s = cfg.search
+    assert s is not None
+    run, metric = state.run, tune_metric(cfg)
+    ctx = _context(cfg, exp, state, "search", mlflow)
+    trainable = _trainable(cfg, ctx, together=plan.together)
+    searcher, param_space = searcher_of(cfg, plan, exp, run, metric)
+    scheduler, callbacks = early_stopping(cfg, ctx, metric)  # ASHA or Wilcoxon; the trials they stop get a record
+    fail_fast = FailFast(s.fail_fast)
+    callbacks.append(fail_fast)
+    storage = tune_storage(cfg, exp)
+    path = f"{storage.rstrip('/')}/search-{run}"
+    per = 1 if plan.together else s.seeds  # Tune trials per configuration
+    n = 1 if plan.points is not None else s.num_samples * per  # Tune's samples (it expands a grid itself)
+    _announce_search(cfg, plan, run, metric, say)
     if resume and Tuner.can_restore(path):
         tuner = Tuner.restore(path, trainable=trainable, resume_unfinished=True, resume_errored=False,
                               restart_errored=False, param_space=param_space)
@@ -317,8 +193,9 @@ def run_search(cfg: ExperimentConfig, plan: SearchPlan, exp: Path, state: Search
                                              trial_name_creator=TrialNamer(cfg, "search"),
                                              trial_dirname_creator=trial_dirname),
                       run_config=RunConfig(name=f"search-{run}", storage_path=storage, callbacks=callbacks,
-                                           stop=fail_fast, failure_config=tune.FailureConfig(max_failures=0)))
-    results = tuner.fit()
+                                           stop=fail_fast, failure_config=tune.FailureConfig(max_failures=0),
+                                           verbose=_tune_verbosity(say)))
+    results = results_of(_fit(tuner, say))
     write_sent_records([r.metrics or {} for r in results], exp, mlflow)
     if fail_fast.reason is not None:
         kind, message = fail_fast.reason
@@ -330,42 +207,29 @@ def run_search(cfg: ExperimentConfig, plan: SearchPlan, exp: Path, state: Search
                           error=str(r.error).strip().splitlines()[-1][:500]) for r in results if r.error is not None]
     for f in failed:
         say(f"trial failed: {f.error}")
-    best = pick_best(exp, run, s.mode, failed, say)
+    return failed
+
+
+def choose_best(cfg: ExperimentConfig, exp: Path, run: str, failed: list[FailedTrial], mlflow: MlflowTarget | None,
+                say: Say) -> Best:
+    """The best configuration of search ``run``, from its records (:func:`raysent.tune.best.pick_best`): written to
+    best.yaml, each searched configuration a run in MLflow (its seeds' runs below it)."""
+    assert cfg.search is not None
+    best = pick_best(exp, run, cfg.search.mode, failed, say)
     if mlflow:
-        _log_configurations(cfg, mlflow, by_configuration(records(exp, "search", run)), best)
-    _write_best_yaml(cfg, exp, run, best)
+        log_configurations(cfg, mlflow, by_configuration(records(exp, "search", run)), best)
+    write_best_yaml(cfg, exp, run, best)
     say(f"best configuration {best.config_id}: {best.hp}  dev {best.dev_mean:.2f}"
         + (f" ± {best.dev_std:.2f}" if best.n > 1 else "") + f" ({best.n} seed(s))")
     return best
 
 
-def _log_configurations(cfg: ExperimentConfig, mlflow: MlflowTarget, groups: dict[str, list[RunRecord]],
-                        best: Best) -> None:
-    """A run per searched configuration in MLflow, its seeds' runs below it."""
-    for c in best.configurations:
-        recs = groups[c.config_id]
-        log_configuration(mlflow.uri, mlflow.experiment_id, with_overrides(cfg, c.hp), "search", c.hp, c.config_id,
-                          {"best_dev_spearman_mean": c.dev_mean, "best_dev_spearman_std": c.dev_std},
-                          [r.mlflow_run_id for r in recs if r.mlflow_run_id], mlflow.parent, [r.seed for r in recs])
-
-
-def _write_best_yaml(cfg: ExperimentConfig, exp: Path, run: str, best: Best) -> None:
-    best_cfg = with_overrides(cfg, best.hp).to_dict()
-    best_cfg.pop("search", None)
-    where = Path(cfg.tracking.results_dir) / exp.name / "best.yaml"  # as the file names the results folder
-    (exp / "best.yaml").write_text(
-        f"# best configuration of search {run} (mean dev {best.dev_mean:.2f} over {best.n} seed(s));\n"
-        f"# `raysent tune --final-only --config {where}` re-runs the final phase\n"
-        + yaml.safe_dump(best_cfg, sort_keys=False))
-
-
 def run_final(cfg: ExperimentConfig, exp: Path, state: SearchState, hp: dict, mlflow: MlflowTarget | None,
-              resume: bool, say, arm: str = "") -> ArmOutcome:
+              resume: bool, say: Say, arm: str = "") -> ArmOutcome:
     """The final phase of the configuration ``hp``: every seed, evaluated on the test sets (``arm`` "paper": the
     warm-start configuration, compared with the winner, in its own Tune run and folders)."""
     from ray import tune
     from ray.tune import RunConfig, TuneConfig, Tuner
-
 
     final_cfg = with_overrides(cfg, hp) if hp else cfg
     cid = config_id(hp)
@@ -386,8 +250,9 @@ def run_final(cfg: ExperimentConfig, exp: Path, state: SearchState, hp: dict, ml
                                              trial_name_creator=TrialNamer(cfg, "final", hp),
                                              trial_dirname_creator=trial_dirname),
                       run_config=RunConfig(name=name, storage_path=storage,
-                                           failure_config=tune.FailureConfig(max_failures=0)))
-    results = tuner.fit()
+                                           failure_config=tune.FailureConfig(max_failures=0),
+                                           verbose=_tune_verbosity(say)))
+    results = results_of(_fit(tuner, say))
     write_sent_records([r.metrics or {} for r in results], exp, mlflow)
     check_complete(results, len(cfg.seeds), cfg, "final phase")
     errors = [str(r.error).strip().splitlines()[-1][:500] for r in results if r.error is not None]
@@ -409,20 +274,7 @@ def versus_paper(exp: Path, run: str, paper_cid: str, best_cid: str) -> Comparis
     runs = exp / "runs"
     res = compare([str(runs / f"final-{run}-{paper_cid}-seed*.json"), str(runs / f"final-{run}-{best_cid}-seed*.json")],
                   exp.parent, phase="final")
-    return Comparison(paper=paper_cid, searched=best_cid, tasks=res["comparisons"][0]["tasks"])
-
-
-def serve_store(cfg: ExperimentConfig, exp: Path, uri: str, say):
-    """A :class:`~raysent.tune.mlflow_server.TrackingServer` over the local store when the search runs on
-    more than one node (:func:`~raysent.tune.mlflow_server.wanted`), else None."""
-    if not mlflow_server.wanted(cfg, uri):
-        return None
-    host = mlflow_server.driver_address()
-    server = mlflow_server.TrackingServer(uri, Path(cfg.tracking.results_dir).resolve() / "mlartifacts", host,
-                                          cfg.tracking.server_port, exp / "mlflow-server.log")
-    say(f"MLflow: the search runs on {len(mlflow_server.alive_nodes())} node(s) and its store is a file here: serving "
-        f"{redact(uri)} to the trials at {server.url} (listening on {host} only, until the search ends)")
-    return server.start()
+    return Comparison(paper=paper_cid, searched=best_cid, tasks=res.comparisons[0].tasks)
 
 
 # --------------------------------------------------------------------------- a search
@@ -437,7 +289,7 @@ def _checks(cfg: ExperimentConfig, exp: Path, state: SearchState | None, source:
     preflight(cfg, resources=not remote, mlflow=True)
 
 
-def _open_mlflow(cfg: ExperimentConfig, state: SearchState | None, final_only: bool) -> tuple[str, str | None]:
+def _open_mlflow(cfg: ExperimentConfig) -> tuple[str, str | None]:
     """The store's URI and the experiment's id (None: tracking off), after the artifact store and the registry
     were checked."""
     uri = tracking_uri(cfg)
@@ -451,6 +303,18 @@ def _phase_trials(cfg: ExperimentConfig, state: SearchState | None, final_only: 
     """Tune trials of the phase a search starts (or resumes) with: the search's, else the final phase's."""
     searching = not final_only and cfg.search is not None and (state is None or state.phase == "search")
     return SearchPlan.of(cfg).trials if searching else len(cfg.seeds)
+
+
+def _start_ray(cfg: ExperimentConfig, state: SearchState | None, final_only: bool,
+               say: Say) -> tuple[ExperimentConfig, Placement]:
+    """Ray started (or joined), and the trials' resources resolved against it: ``resources.gpus_per_worker`` auto,
+    resolved once, here (every trial is given the number: its config, run record and result.json hold it; the
+    search's state and summary record it)."""
+    init_ray(cfg)
+    cfg, place = resolve(cfg, trials=_phase_trials(cfg, state, final_only))
+    check_resources(cfg)  # against the Ray this search runs on
+    say(place.describe())
+    return cfg, place
 
 
 def _start(cfg: ExperimentConfig, exp: Path, uri: str, exp_id: str | None, final_only: bool,
@@ -479,26 +343,18 @@ def tune_experiment(cfg: ExperimentConfig, resume: bool = False, final_only: boo
     if not final_only and cfg.search is None:
         raise RaysentError(f"{source}: `raysent tune` needs a 'search' part (space, metric, num_samples, ...); "
                            "use `raysent train` for one configuration, or --final-only to run the seeds only")
-    sp = cfg.resources.storage_path
-    if sp and "://" not in sp:  # trials run in their own folders (and on other nodes): an absolute path
-        cfg = with_overrides(cfg, {"resources.storage_path": str(Path(sp).expanduser().resolve())})
+    cfg = with_absolute_storage(cfg)  # trials run in their own folders (and on other nodes)
     exp = experiment_dir(cfg)
     state = SearchState.load(exp) if resume else None
 
     # checks: before Ray starts and before anything is written
     _checks(cfg, exp, state, source, resume)
-    uri, exp_id = _open_mlflow(cfg, state, final_only)
+    uri, exp_id = _open_mlflow(cfg)
     exp.mkdir(parents=True, exist_ok=True)
     trains = state is None or state.phase not in ("publish", "done")
     place = None
     if trains or cfg.resources.address or os.environ.get("RAY_ADDRESS"):  # publishing may fetch a model from a node
-
-        init_ray(cfg)
-        # resources.gpus_per_worker auto, resolved once, here: every trial is given the number (its config, run record
-        # and result.json hold it), the search's state and summary record it
-        cfg, place = resolve(cfg, trials=_phase_trials(cfg, state, final_only))
-        check_resources(cfg)  # against the Ray this search runs on
-        say(place.describe())
+        cfg, place = _start_ray(cfg, state, final_only, say)
     if state is not None and (restored := restore_records(cfg, exp, state.run)):
         say(f"--resume: {restored} run record(s) written again from the results Tune kept")
     if state is None:
@@ -516,12 +372,10 @@ def tune_experiment(cfg: ExperimentConfig, resume: bool = False, final_only: boo
     status, server = "FAILED", None
     try:
         if mlflow and trains:  # trials on other nodes reach the store through a server on this one
-            from raysent.tune.mlflow_server import check_reach
-
-            server = serve_store(cfg, exp, uri, say)
+            server = mlflow_server.serve(cfg, exp, uri, say)
             if server is not None:
                 mlflow = mlflow.model_copy(update={"uri": server.url})
-            check_reach(mlflow.uri, "tracking.mlflow_uri")
+            mlflow_server.check_reach(mlflow.uri, "tracking.mlflow_uri")
         _phases(cfg, plan, exp, state, mlflow, resume, say, paper_arm=paper_arm and not final_only,
                 search_only=search_only)
         status = "FINISHED"
@@ -529,7 +383,7 @@ def tune_experiment(cfg: ExperimentConfig, resume: bool = False, final_only: boo
         status = "KILLED"  # resumable: --resume sets it running again
         raise
     finally:
-        if mlflow and state.parent_run_id:
+        if mlflow and exp_id and state.parent_run_id:
             # the search's run, and any run of it still open (a trial killed with the search), end with it
             end_runs_of(uri, exp_id, state.parent_run_id, status)
         if server is not None:
@@ -541,11 +395,12 @@ def tune_experiment(cfg: ExperimentConfig, resume: bool = False, final_only: boo
 
 
 def _phases(cfg: ExperimentConfig, plan: SearchPlan, exp: Path, state: SearchState, mlflow: MlflowTarget | None,
-            resume: bool, say, paper_arm: bool, search_only: bool) -> None:
+            resume: bool, say: Say, paper_arm: bool, search_only: bool) -> None:
     """The search, the final phase of its best configuration, and of the warm-start configuration when that is
     another; each phase's outcome is saved before the next starts (``--resume`` goes on from there)."""
     if state.phase == "search":
-        state.best = run_search(cfg, plan, exp, state, mlflow, resume, say)
+        failed = run_search(cfg, plan, exp, state, mlflow, resume, say)
+        state.best = choose_best(cfg, exp, state.run, failed, mlflow, say)
         state.phase = "final"
         state.save(exp)
     if state.phase == "final" and not search_only:
@@ -566,7 +421,7 @@ def _phases(cfg: ExperimentConfig, plan: SearchPlan, exp: Path, state: SearchSta
 
 
 def _finish(cfg: ExperimentConfig, exp: Path, state: SearchState, mlflow: MlflowTarget | None, wall: float,
-            say) -> Summary:
+            say: Say) -> Summary:
     """summary.json, then the outcome published where researchers work (files, model cards, MLflow); a
     publishing failure is kept in the summary, and the state stays at that step for ``--resume``."""
     summary = Summary(experiment=exp.name, results=str(exp), search=state.run, best=state.best, final=state.final,

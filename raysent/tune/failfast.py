@@ -17,9 +17,11 @@ from ray.tune import Callback, Stopper
 
 
 def describe(error: BaseException | None) -> tuple[str, str]:
-    """(type name, last line of the message) of a trial's error, the original one under Ray's wrappers."""
-    while error is not None and getattr(error, "cause", None) is not None and error.cause is not error:
-        error = error.cause
+    """(type name, last line of the message) of a trial's error, the original one under Ray's wrappers (a Ray
+    error's ``cause``)."""
+    while error is not None and isinstance(cause := getattr(error, "cause", None), BaseException) \
+            and cause is not error:
+        error = cause
     if error is None:
         return "unknown", "no error recorded"
     lines = [ln for ln in str(error).strip().splitlines() if ln.strip()]
@@ -55,9 +57,9 @@ class FailFast(Callback, Stopper):
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
         self.outcomes.append(describe(_error_of(trial)))
-        first = self.outcomes[: self.n]
-        if self.n and len(first) == self.n and all(o is not None and o[0] == first[0][0] for o in first):
-            self.reason = first[-1]
+        failures = [o for o in self.outcomes[: self.n] if o is not None]  # of the first n trials to end
+        if self.n and len(failures) == self.n and len({kind for kind, _ in failures}) == 1:
+            self.reason = failures[-1]
 
     # Stopper
     def __call__(self, trial_id, result) -> bool:

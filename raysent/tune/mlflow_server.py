@@ -28,6 +28,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 from raysent.config import ExperimentConfig
@@ -117,6 +118,19 @@ class TrackingServer:
             except ProcessLookupError:
                 pass
             self.proc.wait(timeout=15)
+
+
+def serve(cfg: ExperimentConfig, exp: Path, uri: str, say: Callable[[str], None]) -> TrackingServer | None:
+    """A started :class:`TrackingServer` over the local store ``uri`` when the search runs on more than one node
+    (:func:`wanted`), else None; its log is ``results/<experiment>/mlflow-server.log``."""
+    if not wanted(cfg, uri):
+        return None
+    host = driver_address()
+    server = TrackingServer(uri, Path(cfg.tracking.results_dir).resolve() / "mlartifacts", host,
+                            cfg.tracking.server_port, exp / "mlflow-server.log")
+    say(f"MLflow: the search runs on {len(alive_nodes())} node(s) and its store is a file here: serving "
+        f"{redact(uri)} to the trials at {server.url} (listening on {host} only, until the search ends)")
+    return server.start()
 
 
 def answers(url: str, timeout: float = 5) -> bool:

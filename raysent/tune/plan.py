@@ -129,6 +129,7 @@ def resources_part(cfg: ExperimentConfig, search_trials: int | None) -> dict[str
 
     r = cfg.resources
     remote = bool(r.address or os.environ.get("RAY_ADDRESS"))
+    cluster: dict[str, float] | None
     cluster, where = available_resources()
     if remote and where != "the Ray cluster":
         cluster, where = None, "the Ray cluster"

@@ -101,12 +101,12 @@ def results_markdown(table, state: SearchState) -> str:
     """The card's and the registry's results section: the table, and the paired difference to the paper."""
     lines = ["## Results", "", table.to_markdown().strip()]
     avg = state.vs_paper.tasks.get("avg") if state.vs_paper else None
-    if avg and avg.get("diff_mean") is not None:
-        p = " ".join(f"{name} p {v:.3g}" for name, v in (("paired t-test", avg.get("t_p")),
-                                                          ("Wilcoxon", avg.get("wilcoxon_p"))) if v is not None)
-        lines += ["", f"Searched − {ARM_LABELS[state.warm_source or 'paper']}, Avg: {avg['diff_mean']:+.2f}"
-                  + (f" ± {avg['diff_std']:.2f}" if avg.get("diff_std") is not None else "")
-                  + f" over {avg['n']} paired seeds" + (f"; {p}" if p else "") + "."]
+    if avg is not None and avg.diff_mean is not None:
+        p = " ".join(f"{name} p {v:.3g}" for name, v in (("paired t-test", avg.t_p), ("Wilcoxon", avg.wilcoxon_p))
+                     if v is not None)
+        lines += ["", f"Searched − {ARM_LABELS[state.warm_source or 'paper']}, Avg: {avg.diff_mean:+.2f}"
+                  + (f" ± {avg.diff_std:.2f}" if avg.diff_std is not None else "")
+                  + f" over {avg.n} paired seeds" + (f"; {p}" if p else "") + "."]
     return "\n".join(lines)
 
 
@@ -123,8 +123,8 @@ def outcome_metrics(state: SearchState) -> dict[str, float]:
             out[f"{prefix}{k}_std"] = v.std
     for col, d in (state.vs_paper.tasks if state.vs_paper else {}).items():
         key = "best_dev_spearman" if col == "dev" else f"sts/{col}"
-        stats = {f"delta/{key}": d.get("diff_mean"), f"delta/{key}_std": d.get("diff_std"),
-                 f"p_ttest/{key}": d.get("t_p"), f"p_wilcoxon/{key}": d.get("wilcoxon_p")}
+        stats = {f"delta/{key}": d.diff_mean, f"delta/{key}_std": d.diff_std, f"p_ttest/{key}": d.t_p,
+                 f"p_wilcoxon/{key}": d.wilcoxon_p}
         out.update({k: float(v) for k, v in stats.items() if v is not None})
     if state.best is not None and state.best.dev_mean is not None:
         out["best_dev_spearman_mean"] = float(state.best.dev_mean)
@@ -286,7 +286,8 @@ def log_model(uri: str, record: RunRecord, cfg: ExperimentConfig) -> dict:
         model = SentenceTransformer(str(folder), trust_remote_code=needs_raysent, device="cpu")
         # MLflow stores what `model.save` writes: the folder as raysent wrote it (its card, raysent.json, and the
         # Transformer's model_kwargs, which sentence-transformers' own save leaves out), not a re-serialisation
-        model.save = lambda path, *args, **kwargs: shutil.copytree(folder, path, dirs_exist_ok=True)
+        model.save = lambda path, *args, **kwargs: shutil.copytree(  # type: ignore[method-assign]  # this model's
+            folder, path, dirs_exist_ok=True)  # own save, for MLflow's log_model (an instance's method on purpose)
     except Exception as exc:
         raise PublishError(f"{folder}: sentence-transformers cannot load this model ({type(exc).__name__}: "
                            f"{' '.join(str(exc).split())[:300]}); `raysent export` rewrites its layout") from None

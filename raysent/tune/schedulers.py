@@ -73,8 +73,8 @@ def last_evaluation(cfg: ExperimentConfig) -> tuple[int, int] | None:
     """(stage, step) of a run's last evaluation: its last stage's ``train.max_steps`` (None: given in epochs)."""
     from raysent.methods import get_method
 
-    stages = get_method(cfg.method).stages(cfg) or [None]
-    return (len(stages) - 1, cfg.train.max_steps) if cfg.train.max_steps else None
+    stages = len(get_method(cfg.method).stages(cfg) or ()) or 1  # None: one stage
+    return (stages - 1, cfg.train.max_steps) if cfg.train.max_steps else None
 
 
 def early_stopping(cfg: ExperimentConfig, ctx: TrialContext, metric: str) -> tuple[TrialScheduler | None, list]:

@@ -29,13 +29,13 @@ import threading
 import time
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
 
 import numpy as np
 
 from raysent.config import ExperimentConfig, parse_config
+from raysent.tracking import LiveRun
 from raysent.train.loop import TrainHooks, rng_state, set_rng_state
-from raysent.train.records import RunRecord, TrainSummary, read_record
+from raysent.train.records import RunIdentity, RunRecord, TrainSummary, read_record
 from raysent.train.resources import claim_devices
 from raysent.train.run import train_in_process
 from raysent.tune.trial import (
@@ -103,14 +103,14 @@ class SeedRun:
     seed: int
     hp: dict
     cfg: ExperimentConfig
-    identity: dict
+    identity: RunIdentity
     latest: dict | None = None  # its newest evaluation's metrics
     fresh: bool = False  # it reported an evaluation in the turn that just ended
     summary: TrainSummary | None = None
     record: RunRecord | None = None  # written (now, or before the search was interrupted)
     error: BaseException | None = None
     done: bool = False
-    live: Any = None  # its raysent.tracking.LiveRun
+    live: LiveRun | None = None
     busy: float = 0.0  # seconds of its turns: its wall time, without the other seeds'
 
 
@@ -190,7 +190,7 @@ def round_result(runs: list[SeedRun]) -> dict:
 
 
 def _existing(run: SeedRun, ctx: TrialContext) -> RunRecord | None:
-    path = record_path(ctx, RunRecord.model_construct(**run.identity, search=ctx.run))
+    path = record_path(ctx, run.identity)
     return read_record(path) if path.is_file() else None
 
 
@@ -218,7 +218,7 @@ def run_seed_group(config: dict, ctx: TrialContext, trial_id: str) -> list[RunRe
         run = SeedRun(seed, hp, cfg, trial_identity(ctx, hp, seed, trial_id))
         run.record = _existing(run, ctx)  # --resume: finished before the search was interrupted
         if run.record is not None:
-            last = run.record.dev_curve[-1].model_dump() if run.record.dev_curve else {}
+            last = run.record.dev_curve[-1].scores() if run.record.dev_curve else {}
             run.done, run.latest = True, {**last, "best_dev_spearman": run.record.best_dev_spearman,
                                           "best_step": run.record.best_step}
         runs.append(run)
@@ -250,6 +250,8 @@ def run_seed_group(config: dict, ctx: TrialContext, trial_id: str) -> list[RunRe
     records: list[RunRecord] = []
     for r in runs:
         if r.record is None:
+            if r.summary is None:  # every seed ended (the loop above), so each trained to its end
+                raise RuntimeError(f"seed {r.seed} of trial {trial_id} ended without its training summary")
             record = build_record(ctx, r.cfg, r.hp, r.seed, trial_id, **training_fields(r.summary),
                                   wall_seconds=r.busy, finished_at=time.time())
             r.record = save_record(record_path(ctx, record), record, r.cfg, ctx, live=r.live)

@@ -13,9 +13,10 @@ import hashlib
 import itertools
 import json
 import math
-from typing import Any
+from typing import Any, Literal
 
 from raysent.config import ExperimentConfig, ModelConfig, SpaceEntry, TrainConfig, hyperparameters
+from raysent.errors import RaysentError
 
 # Lazy imports: raysent's heavier modules (heavy, and only the functions that need them import them).
 
@@ -30,9 +31,23 @@ def _label(value: Any) -> Any:
     return json.dumps(value, sort_keys=True)
 
 
+def choices(entry: SpaceEntry) -> list[Any]:
+    """A ``choice`` entry's values (the schema gives every choice entry some)."""
+    if entry.values is None:
+        raise RaysentError(f"a {entry.type!r} search-space entry has no 'values'")
+    return entry.values
+
+
+def bounds(entry: SpaceEntry) -> tuple[float, float]:
+    """A ``uniform``, ``loguniform`` or ``int`` entry's (low, high) (the schema gives every such entry both)."""
+    if entry.low is None or entry.high is None:
+        raise RaysentError(f"a {entry.type!r} search-space entry needs 'low' and 'high'")
+    return entry.low, entry.high
+
+
 def labels(entry: SpaceEntry) -> dict:
     """{label Optuna sees: the YAML value}."""
-    return {_label(v): v for v in entry.values}
+    return {_label(v): v for v in choices(entry)}
 
 
 def _active(entry: SpaceEntry, chosen: dict) -> bool:
@@ -61,9 +76,11 @@ def suggest(trial, space: dict[str, SpaceEntry]) -> dict:
             table = labels(e)
             chosen[name] = table[trial.suggest_categorical(name, list(table))]
         elif e.type == "int":
-            chosen[name] = trial.suggest_int(name, int(e.low), int(e.high), step=int(e.step or 1))
+            low, high = bounds(e)
+            chosen[name] = trial.suggest_int(name, int(low), int(high), step=int(e.step or 1))
         else:
-            chosen[name] = trial.suggest_float(name, e.low, e.high, log=e.type == "loguniform",
+            low, high = bounds(e)
+            chosen[name] = trial.suggest_float(name, low, high, log=e.type == "loguniform",
                                                step=e.step if e.type == "uniform" else None)
     return chosen
 
@@ -84,8 +101,8 @@ def grid(space: dict[str, SpaceEntry]) -> list[dict]:
     """Every combination of the choice entries, inactive conditional entries left out (no repeats)."""
     names = ordered(space)
     points, seen = [], set()
-    for combo in itertools.product(*(space[n].values for n in names)):
-        chosen = {}
+    for combo in itertools.product(*(choices(space[n]) for n in names)):
+        chosen: dict[str, Any] = {}
         for name, value in zip(names, combo):
             if _active(space[name], chosen):
                 chosen[name] = value
@@ -128,7 +145,7 @@ def _paper_value(cfg: ExperimentConfig, name: str) -> Any:
     return defaults.get(section, {}).get(field)
 
 
-def warm_source(cfg: ExperimentConfig) -> str:
+def warm_source(cfg: ExperimentConfig) -> Literal["paper", "file"]:
     """Where the warm-start configuration's values come from: ``paper`` when each is the method's paper default,
     ``file`` when the experiment file set one to something else (the README's main job sets lr 1e-4, where
     SimCSE's is 3e-5): the arm is named for that, in the summary, the table and MLflow."""
@@ -162,9 +179,9 @@ def paper_point(cfg: ExperimentConfig) -> tuple[dict | None, str]:
         if value is None:
             return None, f"{name} has no value of its own"
         if e.type == "choice":
-            if value not in e.values and not outside:
+            if value not in choices(e) and not outside:
                 outside = f"{name}={value!r} is not among its searched values {e.values}"
-        elif not (e.low <= value <= e.high) and not outside:
+        elif not (bounds(e)[0] <= value <= bounds(e)[1]) and not outside:
             outside = f"{name}={value!r} is outside its searched range [{e.low}, {e.high}]"
         point[name] = int(value) if e.type == "int" else value
     return point, outside

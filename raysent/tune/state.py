@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from raysent.errors import RaysentError
 from raysent.io import write_json_atomic
 from raysent.report.budget import BudgetCurve
+from raysent.report.compare import Paired
 
 STATE_FILE = "state.json"
 SUMMARY_FILE = "summary.json"
@@ -112,7 +113,7 @@ class Comparison(_Model):
 
     paper: str  # the warm-start configuration's id
     searched: str  # the winner's id
-    tasks: dict[str, dict[str, Any]]
+    tasks: dict[str, Paired]
 
 
 class LoggedModel(_Model):

@@ -24,6 +24,7 @@ from ray.tune import Callback
 
 from raysent.tracking import LiveRun
 from raysent.train.ray_train import take_best_model_of_run
+from raysent.train.records import CurvePoint, StoppedBy
 from raysent.tune.seeds import SEED_POINTS
 from raysent.tune.trial import (
     LIVE_RUN_FILE,
@@ -80,7 +81,7 @@ class StoppedTrials(Callback):
         if last.get(RECORD_KEY):
             return  # ran to its end (run_trial wrote and sent its record(s))
         prefix = f"{trial.trial_id}{SEED_KEY}"
-        seeds = [int(k[len(prefix):]) for k in self.curves if k.startswith(prefix)]
+        seeds: list[int | None] = [int(k[len(prefix):]) for k in self.curves if k.startswith(prefix)]
         for seed in seeds or ([None] if self.curves.get(trial.trial_id) else []):  # none: no evaluation yet
             try:
                 own = {**last, **self.latest[f"{prefix}{seed}"]} if seed is not None else last
@@ -108,16 +109,17 @@ class StoppedTrials(Callback):
 
                 warnings.warn(f"stopped trial {trial.trial_id}: no best model from its checkpoints: {exc}",
                               stacklevel=2)
-        start = curve[0] if curve and curve[0]["step"] == 0 else None
+        points = [CurvePoint.model_validate(p) for p in curve]
+        start = points[0].scores() if points and points[0].step == 0 else None
         reported = {"best_dev_spearman": last.get("best_dev_spearman", best["dev_spearman"]),
                     "best_step": last.get("best_step", best["step"]), "initial_dev": start,
-                    "dev_curve": curve, "final_step": last.get("step"), "workers": cfg.resources.workers or 1,
+                    "dev_curve": points, "final_step": last.get("step"), "workers": cfg.resources.workers or 1,
                     "best_model_dir": str(out / "best") if (out / "best").is_dir() else None}
         rec = build_record(ctx, cfg, hp, seed, trial.trial_id, **reported,
                            wall_seconds=last.get("time_total_s"),  # the trial's, until its last report
-                           stopped={"by": "scheduler", "at_step": last.get("step"),
-                                    "training_iteration": last.get("training_iteration"),
-                                    "total_steps": cfg.train.max_steps},
+                           stopped=StoppedBy(by="scheduler", at_step=last.get("step"),
+                                             training_iteration=last.get("training_iteration"),
+                                             total_steps=cfg.train.max_steps),
                            finished_at=time.time())
         path = record_path(ctx, rec, stopped=True)
         live = None  # the trial's live MLflow run, where its folder is on this machine

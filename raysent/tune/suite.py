@@ -35,15 +35,16 @@ from raysent.data.datasets import DATASETS, STS_TASKS, local_files, parse_spec
 from raysent.errors import ConfigError, Interrupted, RaysentError
 from raysent.methods import get_method
 from raysent.models.encoder import resolve_model
-from raysent.report.compare import compare
-from raysent.report.runs import load_experiment
+from raysent.report.compare import ComparisonResult, Side, compare
+from raysent.report.runs import Run, load_experiment
 from raysent.tune.cost import Estimate, estimate_seconds
 from raysent.tune.driver import experiment_dir, tune_experiment
 from raysent.tune.state import SearchState
 
 # Lazy imports: raysent's heavier modules (heavy, and only the functions that need them import them).
 
-ARMS = ("paper", "searched")
+Arm = Literal["paper", "searched"]
+ARMS: tuple[Arm, ...] = ("paper", "searched")
 
 
 class _Strict(BaseModel):
@@ -56,7 +57,7 @@ class SuiteEntry(_Strict):
     set: dict[str, Any] = Field(default_factory=dict, description="overrides (as --set) after the suite's own")
     space: dict[str, Any] = Field(default_factory=dict, description="search-space entries added or replaced "
                                   "(null removes one)")
-    arms: list[Literal["paper", "searched"]] = Field(default_factory=lambda: list(ARMS))
+    arms: list[Arm] = Field(default_factory=lambda: list(ARMS))
     label: str | None = Field(None, description="the row's name in the tables (default: the entry's name)")
 
 
@@ -66,6 +67,25 @@ class SuiteConfig(_Strict):
     set: dict[str, Any] = Field(default_factory=dict, description="overrides of every experiment")
     estimate: Estimate = Field(default_factory=Estimate)
     experiments: list[SuiteEntry]
+
+
+class EntryComparison(BaseModel):
+    """One entry's searched arm against its paper arm (:func:`raysent.report.compare.compare`), as compare.json
+    holds it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    experiment: str  # the suite entry's name
+    label: str
+    result: ComparisonResult
+
+    def to_json(self) -> dict[str, Any]:
+        return {"experiment": self.experiment, "label": self.label, **self.result.to_json()}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> EntryComparison:
+        """An entry of compare.json."""
+        rest = {k: v for k, v in data.items() if k not in ("experiment", "label")}
+        return cls(experiment=data["experiment"], label=data["label"], result=ComparisonResult.from_json(rest))
 
 
 def load_suite(path: str | Path) -> SuiteConfig:
@@ -188,7 +208,7 @@ def plan(path: str | Path, only: list[str] | None = None) -> dict:
                      "search runs": e["search_runs"], "final runs": e["final_runs"],
                      "steps per run": e["steps_per_run"], "batch": cfg.train.batch_size,
                      "estimated wall minutes": round(e["seconds"] / 60, 1),
-                     **({"searched": sorted(cfg.search.space)} if arm == "searched" else {})})
+                     **({"searched": sorted(cfg.search.space)} if arm == "searched" and cfg.search else {})})
     return {"suite": suite.name, "file": str(path), "experiments": rows,
             "runs": sum(r["search runs"] + r["final runs"] for r in rows),
             "estimated wall hours": round(total / 3600, 2),
@@ -219,7 +239,8 @@ def run_suite(path: str | Path, resume: bool = False, only: list[str] | None = N
             done.append(cfg.name)
             continue
         say(f"[{i}/{len(todo)}] {cfg.name}: {entry.name} with the "
-            + ("paper's defaults" if arm == "paper" else f"search over {', '.join(sorted(cfg.search.space))}")
+            + ("paper's defaults" if arm == "paper" or cfg.search is None
+               else f"search over {', '.join(sorted(cfg.search.space))}")
             + f" ({time.time() - t0:.0f} s into the suite)")
         a = time.time()
         try:
@@ -265,9 +286,9 @@ def write_report(suite: SuiteConfig, path: Path, results_dir: Path) -> dict:
         a, b = arm_name(suite, e, "paper"), arm_name(suite, e, "searched")
         if not (finished(a) and finished(b)):
             continue
-        res = compare([a, b], results_dir)
-        comparisons.append({"experiment": e.name, "label": e.label or e.name, **res})
-    (out / "compare.json").write_text(json.dumps(comparisons, indent=2, default=str))
+        comparisons.append(EntryComparison(experiment=e.name, label=e.label or e.name,
+                                           result=compare([a, b], results_dir)))
+    (out / "compare.json").write_text(json.dumps([c.to_json() for c in comparisons], indent=2, default=str))
     (out / "compare.md").write_text(format_comparisons(comparisons))
     headline = format_headline(comparisons, transductive={r.experiment for r in runs if r.transductive})
     (out / "headline.md").write_text(headline)
@@ -275,10 +296,10 @@ def write_report(suite: SuiteConfig, path: Path, results_dir: Path) -> dict:
     (out / "summary.md").write_text(summary)
     from raysent.report.plots import plot_arm_curves
 
-    by_name = {}
+    by_name: dict[str, list[Run]] = {}
     for r in runs:
         by_name.setdefault(r.experiment, []).append(r)
-    panels = [(e.label or e.name,
+    panels: list[tuple[str, dict[str, list[Run]]]] = [(e.label or e.name,
                {a: by_name[arm_name(suite, e, a)] for a in e.arms if arm_name(suite, e, a) in by_name})
               for e in suite.experiments if "paper" in e.arms and len(e.arms) > 1]
     if any(p[1] for p in panels):
@@ -337,7 +358,7 @@ def report_only(path: str | Path) -> dict:
     return rep
 
 
-def format_comparisons(comparisons: list[dict], task: str = "avg") -> str:
+def format_comparisons(comparisons: list[EntryComparison], task: str = "avg") -> str:
     """One line per entry: paper defaults vs searched on ``task`` (Avg of the 7 STS sets), paired over seeds."""
     lines = ["| Method | paper defaults | searched | Δ (searched − paper) | n | t-test p | Wilcoxon p "
              "| searched best |",
@@ -350,15 +371,15 @@ def format_comparisons(comparisons: list[dict], task: str = "avg") -> str:
         return "—" if v is None else (f"{v:.3g}" if v >= 1e-3 else f"{v:.1e}")
 
     for c in comparisons:
-        comp = c["comparisons"][0]
-        r = comp["tasks"].get(task)
+        comp = c.result.comparisons[0]
+        r = comp.tasks.get(task)
         if r is None:
             continue
-        hp = ", ".join(f"{k}={v}" for k, v in comp["run"]["hp"].items())
-        lines.append(f"| {c['label']} | {f(r['a_mean'], r['a_std'])} | {f(r['b_mean'], r['b_std'])} | "
-                     + ("—" if r["diff_mean"] is None else f"{r['diff_mean']:+.2f}"
-                        + (f"±{r['diff_std']:.2f}" if r["diff_std"] is not None else ""))
-                     + f" | {r['n']} | {p(r['t_p'])} | {p(r['wilcoxon_p'])} | {hp} |")
+        hp = ", ".join(f"{k}={v}" for k, v in comp.run.hp.items())
+        lines.append(f"| {c.label} | {f(r.a_mean, r.a_std)} | {f(r.b_mean, r.b_std)} | "
+                     + ("—" if r.diff_mean is None else f"{r.diff_mean:+.2f}"
+                        + (f"±{r.diff_std:.2f}" if r.diff_std is not None else ""))
+                     + f" | {r.n} | {p(r.t_p)} | {p(r.wilcoxon_p)} | {hp} |")
     lines.append("")
     what = "Avg of STS12-16 ('all'), STS-B and SICK-R test" if task == "avg" else task
     lines.append(f"Spearman ×100, {what}; mean±std over the paired seeds "
@@ -367,15 +388,15 @@ def format_comparisons(comparisons: list[dict], task: str = "avg") -> str:
     return "\n".join(lines) + "\n"
 
 
-def _learned_cell(side: dict) -> str:
+def _learned_cell(side: Side) -> str:
     """As summary.md's learned column: yes, no (k/n at step 0), or — for a method that does not train."""
-    if side.get("learned") is None:
+    if side.learned is None:
         return "—"
-    flat = side.get("not_learned_seeds") or []
-    return "yes" if not flat else f"no ({len(flat)}/{len(side['seeds'])} at step 0)"
+    flat = side.not_learned_seeds
+    return "yes" if not flat else f"no ({len(flat)}/{len(side.seeds)} at step 0)"
 
 
-def format_headline(comparisons: list[dict], transductive: set[str] | frozenset[str] = frozenset(),
+def format_headline(comparisons: list[EntryComparison], transductive: set[str] | frozenset[str] = frozenset(),
                     task: str = "avg") -> str:
     """The compact table: one line per entry with both arms (``comparisons`` as compare.json holds them): the
     paper defaults' and the searched arm's ``task`` (Avg of the 7 STS sets), Δ paired over the seeds, the paired
@@ -394,21 +415,21 @@ def format_headline(comparisons: list[dict], transductive: set[str] | frozenset[
 
     ns, whole = set(), []
     for c in comparisons:
-        paper, comp = c["baseline"], c["comparisons"][0]
-        r = comp["tasks"].get(task)
+        paper, comp = c.result.baseline, c.result.comparisons[0]
+        r = comp.tasks.get(task)
         if r is None:
             continue
-        ns.add(r["n"])
-        neither = comp.get("neither_learned_seeds") or []
-        delta = "—" if r["diff_mean"] is None else (f"{r['diff_mean']:+.2f}"
-                                                     + (f"±{r['diff_std']:.2f}" if r["diff_std"] is not None else ""))
+        ns.add(r.n)
+        neither = comp.neither_learned_seeds
+        delta = "—" if r.diff_mean is None else (f"{r.diff_mean:+.2f}"
+                                                 + (f"±{r.diff_std:.2f}" if r.diff_std is not None else ""))
         if neither:
-            delta += f" †{len(neither)}/{r['n']}"
-            if comp.get("neither_learned"):
-                whole.append(c["label"])
-        trans = " [transductive]" if {paper["experiment"], comp["run"]["experiment"]} & set(transductive) else ""
-        lines.append(f"| {c['label']}{trans} | {f(r['a_mean'], r['a_std'])} | {f(r['b_mean'], r['b_std'])} | {delta} "
-                     f"| {p(r['t_p'])} | {_learned_cell(paper)} | {_learned_cell(comp['run'])} |")
+            delta += f" †{len(neither)}/{r.n}"
+            if comp.neither_learned:
+                whole.append(c.label)
+        trans = " [transductive]" if {paper.experiment, comp.run.experiment} & set(transductive) else ""
+        lines.append(f"| {c.label}{trans} | {f(r.a_mean, r.a_std)} | {f(r.b_mean, r.b_std)} | {delta} "
+                     f"| {p(r.t_p)} | {_learned_cell(paper)} | {_learned_cell(comp.run)} |")
     what = "Avg of STS12-16 ('all'), STS-B and SICK-R test" if task == "avg" else task
     seeds = f"the {ns.pop()} seeds" if len(ns) == 1 else "the paired seeds"
     lines += ["",

@@ -22,13 +22,14 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from raysent.config import ExperimentConfig, hyperparameters, parse_config, with_overrides
+from raysent.eval.results import Evaluation
 from raysent.eval.suite import evaluate_tasks
 from raysent.models.encoder import Encoder
 from raysent.tracking import LiveRun, log_training_run, run_name
 from raysent.train.loop import TrainHooks
 from raysent.train.memory import release_freed_memory
 from raysent.train.ray_train import delete_checkpoints, train_one_with_ray
-from raysent.train.records import RunRecord, TrainSummary, diverged, learned, read_record
+from raysent.train.records import RunIdentity, RunRecord, TrainSummary, diverged, learned, read_record
 from raysent.train.resources import claim_devices
 from raysent.train.run import reuse_across_runs, train_in_process, train_stages
 from raysent.tune.space import config_id, decode
@@ -139,7 +140,7 @@ class TrialNamer:
     def __call__(self, trial) -> str:
         config = trial.config
         if self.phase == "search" and self.together:
-            name = run_name({"phase": self.phase, "hp": decode(config, self.space), "seed": 0})
+            name = run_name(self.phase, decode(config, self.space), 0)
             return name.split(": ", 1)[1].rsplit(" · ", 1)[0] + " · seeds " + ",".join(map(str, self.together))
         if self.phase == "search":
             hp = decode(config, self.space)
@@ -147,7 +148,7 @@ class TrialNamer:
             seed = self.seeds[index] if index < len(self.seeds) else self.seed + index
         else:
             hp, seed = self.hp, int(config.get("seed", 0))
-        return run_name({"phase": self.phase, "hp": hp, "seed": seed}).split(": ", 1)[1]
+        return run_name(self.phase, hp, seed).split(": ", 1)[1]
 
 
 def trial_dirname(trial) -> str:
@@ -161,6 +162,7 @@ def resolve_trial(config: dict, ctx: TrialContext, trial_id: str,
     (``seed``: one of the seeds of a trial that trains them all, in its own subfolder)."""
     base = parse_config(ctx.config, source=ctx.source)
     if ctx.phase == "search":
+        assert base.search is not None  # a search phase's experiment has one
         hp = decode(config, base.search.space)
         if seed is None:
             seed = search_seed(base, int(config.get("__trial_index__", config.get("seed_index", 0))))
@@ -184,34 +186,36 @@ def training_fields(summary: TrainSummary) -> dict[str, Any]:
                 best_model_dir=summary.best_model_dir)
 
 
-def trial_identity(ctx: TrialContext, hp: dict, seed: int, trial_id: str) -> dict[str, Any]:
-    """What names one (configuration, seed) before it trains: its MLflow run's name and tags."""
-    return {"phase": ctx.phase, "hp": hp, "seed": seed, "config_id": config_id(hp), "trial_id": trial_id}
+def trial_identity(ctx: TrialContext, hp: dict, seed: int, trial_id: str) -> RunIdentity:
+    """What names one (configuration, seed) before it trains: its MLflow run's name and tags, its record's file."""
+    return RunIdentity(phase=ctx.phase, hp=hp, seed=seed, config_id=config_id(hp), trial_id=trial_id)
 
 
 def build_record(ctx: TrialContext, cfg: ExperimentConfig, hp: dict, seed: int, trial_id: str,
-                 **fields) -> RunRecord:
+                 **fields: Any) -> RunRecord:
     """The run record of one (configuration, seed) (``fields``: :func:`training_fields` of its summary, or
-    what a stopped trial reported; the final phase's scores, the times, ``stopped``)."""
-    return RunRecord(
+    what a stopped trial reported; the final phase's evaluation and scores, the times, ``stopped``), with whether
+    it learned and whether it diverged."""
+    record = RunRecord(
         experiment=ctx.experiment, phase=ctx.phase, search=ctx.run, config_id=config_id(hp), hp=hp, seed=seed,
         trial_id=trial_id, node=this_node(), method=cfg.method, model=cfg.model.name,
-        hyperparameters=hyperparameters(cfg),
-        config=cfg.to_dict(), learned=learned(cfg.method, fields.get("best_step")),
-        diverged=diverged(fields.get("initial_dev"), fields.get("dev_curve") or []), **fields)
+        hyperparameters=hyperparameters(cfg), config=cfg.to_dict(), **fields)
+    return record.model_copy(update={"learned": learned(record.method, record.best_step),
+                                     "diverged": diverged(record.initial_dev, record.dev_curve)})
 
 
-def record_path(ctx: TrialContext, record: RunRecord, stopped: bool = False) -> Path:
-    """``runs/<record.filename>``; a stopped trial's in ``stopped/``, with its trial id."""
+def record_path(ctx: TrialContext, run: RunRecord | RunIdentity, stopped: bool = False) -> Path:
+    """``runs/<the record's file name>``; a stopped trial's in ``stopped/``, with its trial id."""
+    filename = run.filename if isinstance(run, RunRecord) else run.filename(ctx.run)
     if stopped:
-        return Path(ctx.exp_dir) / STOPPED_DIR / f"{Path(record.filename).stem}-{record.trial_id}.json"
-    return Path(ctx.exp_dir) / "runs" / record.filename
+        return Path(ctx.exp_dir) / STOPPED_DIR / f"{Path(filename).stem}-{run.trial_id}.json"
+    return Path(ctx.exp_dir) / "runs" / filename
 
 
 LIVE_RUN_FILE = "mlflow_run_id"  # in a trial's output folder: the id of its live MLflow run
 
 
-def open_live_run(ctx: TrialContext, cfg: ExperimentConfig, identity: dict) -> LiveRun | None:
+def open_live_run(ctx: TrialContext, cfg: ExperimentConfig, identity: RunIdentity) -> LiveRun | None:
     """The trial's MLflow run, opened (or, for a trial resumed from its checkpoint, reopened) before it
     trains; None without tracking."""
     m = ctx.mlflow
@@ -243,9 +247,8 @@ def save_record(path: Path, record: RunRecord, cfg: ExperimentConfig, ctx: Trial
     record.to_disk(path)
     m = ctx.mlflow
     if m:
-        data = record.to_json()
-        run_id = (live.finish(cfg, data, artifacts=on_driver_node(ctx), **mlflow_run) if live is not None else
-                  log_training_run(m.uri, m.experiment_id, cfg, data, m.parent, **mlflow_run))
+        run_id = (live.finish(cfg, record, artifacts=on_driver_node(ctx), **mlflow_run) if live is not None else
+                  log_training_run(m.uri, m.experiment_id, cfg, record, m.parent, **mlflow_run))
         record = record.model_copy(update={"mlflow_run_id": run_id})
         record.to_disk(path)
     return record
@@ -285,7 +288,7 @@ def run_trial(config: dict, ctx: TrialContext) -> None:
     trial_id = tune.get_context().get_trial_id()
     hp, seed, _, cfg = resolve_trial(config, ctx, trial_id)
     identity = trial_identity(ctx, hp, seed, trial_id)
-    done = record_path(ctx, RunRecord.model_construct(**identity, search=ctx.run))
+    done = record_path(ctx, identity)
     # a record written before the search was interrupted (or by an earlier trial of the same configuration and
     # seed): the run is not trained, nor logged, twice
     record = read_record(done) if done.is_file() else train_and_record(cfg, ctx, hp, seed, trial_id, identity)
@@ -298,12 +301,12 @@ def reported(record: RunRecord, metric: str) -> dict[str, float]:
     """What a finished run tells the searcher: its best dev score, or ``metric`` at its last evaluation."""
     if metric == "best_dev_spearman":
         return {metric: record.best_dev_spearman}
-    last = record.dev_curve[-1].model_dump() if record.dev_curve else {}
+    last = record.dev_curve[-1].scores() if record.dev_curve else {}
     return {metric: float(last.get(metric, math.nan))}
 
 
 def train_and_record(cfg: ExperimentConfig, ctx: TrialContext, hp: dict, seed: int, trial_id: str,
-                     identity: dict) -> RunRecord:
+                     identity: RunIdentity) -> RunRecord:
     """Train one trial's run with its MLflow run live, evaluate it (final phase), write its record."""
     started = time.time()
     live = open_live_run(ctx, cfg, identity)
@@ -311,8 +314,8 @@ def train_and_record(cfg: ExperimentConfig, ctx: TrialContext, hp: dict, seed: i
         summary = train_trial(cfg, live)
         final: dict[str, Any] = {}
         if ctx.phase == "final":
-            final["eval"] = evaluate_final(cfg, str(summary.best_model_dir))
-            final["scores"] = final["eval"]["metrics"]
+            evaluation = evaluate_final(cfg, str(summary.best_model_dir))
+            final.update(eval=evaluation, scores=evaluation.metrics())
     except BaseException as exc:
         if live is not None:
             # KeyboardInterrupt / SystemExit: Ctrl-C, or Tune ending the trial; the search's end decides
@@ -341,13 +344,11 @@ def train_trial(cfg: ExperimentConfig, live: LiveRun | None = None) -> TrainSumm
     return train_in_process(cfg, resume=True, quiet=True, hooks=partial(TuneHooks, live=live))
 
 
-def evaluate_final(cfg: ExperimentConfig, model_dir: str) -> dict:
+def evaluate_final(cfg: ExperimentConfig, model_dir: str) -> Evaluation:
     """The final phase's test evaluation of the saved best model (``eval.tasks``)."""
     e = cfg.eval
     encoder = Encoder.load(model_dir)  # the saved best model, with its inference pooling in raysent.json
     encoder.eval()
-    res = evaluate_tasks(encoder, e.tasks, pooling=e.pooling or encoder.meta.pooling, max_length=e.max_length,
-                         batch_size=e.batch_size,
-                         options={t: o for t, o in e.task_options().items() if t in e.tasks})
-    return {"metrics": {k: float(v) for k, v in res["metrics"].items() if isinstance(v, (int, float))},
-            "details": res.get("details", {})}
+    return evaluate_tasks(encoder, e.tasks, pooling=e.pooling or encoder.meta.pooling, max_length=e.max_length,
+                          batch_size=e.batch_size,
+                          options={t: o for t, o in e.task_options().items() if t in e.tasks})

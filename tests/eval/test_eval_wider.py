@@ -68,7 +68,7 @@ def test_senteval_cr_nested_cv_matches_sklearn_with_senteval_folds(encode):
     from raysent.eval.senteval import evaluate_senteval
 
     res = evaluate_senteval(encode, ["CR"], kfold=5, max_samples=500)
-    cr = res["tasks"]["CR"]
+    cr = res.tasks["CR"]
 
     # independently: the file, one row in ceil(n / 500), SentEval's sort, SentEval's nested CV
     rows = read_tsv(DATA / "senteval/CR.tsv")
@@ -89,20 +89,21 @@ def test_senteval_cr_nested_cv_matches_sklearn_with_senteval_folds(encode):
         clf = LogisticRegression(C=Cs[best], random_state=1111).fit(Xtr, ytr)
         tests.append(round(100 * clf.score(X[te], y[te]), 2))
 
-    assert cr["ntest"] == len(rows) == 472  # one row in ceil(3771 / 500) = 8
-    assert cr["regs"] == chosen
-    assert cr["fold_acc"] == tests
-    assert cr["acc"] == pytest.approx(round(float(np.mean(tests)), 2), abs=1e-9)
-    assert cr["devacc"] == pytest.approx(round(float(np.mean(devs)), 2), abs=1e-9)
-    assert cr["fits"] == 5 * (6 * 5 + 1)
-    assert 65.0 < cr["acc"] < 95.0  # a paraphrase model separates review polarity well above chance
-    assert res["avg"] == cr["acc"] and "subset" in " ".join(res["notes"])
+    assert cr.ntest == len(rows) == 472  # one row in ceil(3771 / 500) = 8
+    assert cr.regs == chosen
+    assert cr.fold_acc == tests
+    assert cr.acc == pytest.approx(round(float(np.mean(tests)), 2), abs=1e-9)
+    assert cr.devacc == pytest.approx(round(float(np.mean(devs)), 2), abs=1e-9)
+    assert cr.fits == 5 * (6 * 5 + 1)
+    assert 65.0 < cr.acc < 95.0  # a paraphrase model separates review polarity well above chance
+    assert res.avg == cr.acc and "subset" in " ".join(res.notes)
+    assert res.primary_metric == "senteval/avg" and res.primary_score == res.metrics()["senteval/avg"] == cr.acc
 
 
 def test_senteval_mrpc_kfold_on_pair_features_matches_sklearn(encode):
     from raysent.eval.senteval import evaluate_senteval
 
-    res = evaluate_senteval(encode, ["MRPC"], kfold=5, max_samples=300)["tasks"]["MRPC"]
+    res = evaluate_senteval(encode, ["MRPC"], kfold=5, max_samples=300).tasks["MRPC"]
 
     def load(split):
         rows = read_tsv(DATA / f"senteval/MRPC/{split}.tsv")
@@ -122,13 +123,13 @@ def test_senteval_mrpc_kfold_on_pair_features_matches_sklearn(encode):
     clf = LogisticRegression(C=Cs[best], random_state=1111).fit(Xtr, ytr)
     yhat = clf.predict(Xte)
 
-    assert res["features"] == 2 * 384 and res["mrpc_features"] == "senteval"
-    assert res["reg"] == Cs[best]
-    assert res["scores"] == scores
-    assert res["devacc"] == pytest.approx(max(scores), abs=1e-9)
-    assert res["acc"] == pytest.approx(round(100 * clf.score(Xte, yte), 2), abs=1e-9)
-    assert res["f1"] == pytest.approx(round(100 * f1_score(yte, yhat), 2), abs=1e-9)
-    assert (res["ndev"], res["ntest"]) == (len(ytr), len(yte))
+    assert res.features == 2 * 384 and res.mrpc_features == "senteval"
+    assert res.reg == Cs[best]
+    assert res.scores == scores
+    assert res.devacc == pytest.approx(max(scores), abs=1e-9)
+    assert res.acc == pytest.approx(round(100 * clf.score(Xte, yte), 2), abs=1e-9)
+    assert res.f1 == pytest.approx(round(100 * f1_score(yte, yhat), 2), abs=1e-9)
+    assert (res.ndev, res.ntest) == (len(ytr), len(yte))
 
 
 def test_senteval_mlp_probe_learns_and_is_deterministic(encode):
@@ -171,13 +172,14 @@ def test_search_mrr_and_recall_match_brute_force_numpy(encode):
     recall = {k: np.mean([len(relevant[q] & set(row[:k].tolist())) / len(relevant[q]) for row, q in zip(top, queries)])
               for k in (1, 5, 10)}
 
-    assert (res["queries"], res["corpus"]) == (len(queries), len(corpus)) == (309, 1337)
-    assert res["mrr_at_10"] == pytest.approx(mrr, abs=1e-12)
+    assert (res.queries, res.corpus) == (len(queries), len(corpus)) == (309, 1337)
+    assert res.mrr_k == 10 and res.mrr == pytest.approx(mrr, abs=1e-12)
     for k, want in recall.items():
-        assert res[f"recall_at_{k}"] == pytest.approx(want, abs=1e-12)
-    assert res["recall_at_1"] <= res["recall_at_5"] <= res["recall_at_10"] <= 1.0
-    assert res["ms_per_query"] > 0 and res["index_mb"] == pytest.approx(1337 * 384 * 4 / 2 ** 20, rel=0.01)
-    assert res["excluded_self_matches"] == 12
+        assert res.recall[k] == pytest.approx(want, abs=1e-12)
+    assert res.recall[1] <= res.recall[5] <= res.recall[10] <= 1.0
+    assert res.ms_per_query > 0 and res.index_mb == pytest.approx(1337 * 384 * 4 / 2 ** 20, rel=0.01)
+    assert res.excluded_self_matches == 12
+    assert res.primary_metric == "search/mrr_at_10" and res.metrics()["search/recall_at_5"] == res.recall[5]
 
 
 def test_rank_metrics_on_a_hand_made_ranking():
@@ -227,10 +229,10 @@ def test_geometry_on_stsb_uses_pairs_scored_4_or_more(encode):
     rows = read_tsv(DATA / "sts/STSB/test.tsv")
     pos = [r for r in rows if float(r["score"]) >= 4.0]
     a, b = unit(encode([r["sentence1"] for r in pos])), unit(encode([r["sentence2"] for r in pos]))
-    assert res["positive_pairs"] == len(pos) == 338
-    assert res["alignment"] == pytest.approx(np.mean(np.sum((a - b) ** 2, axis=1)), abs=1e-9)
-    assert res["sentences"] == len({s for r in rows for s in (r["sentence1"], r["sentence2"])})
-    assert -4.0 < res["uniformity"] < 0.0 and 1.0 < res["effective_rank"] <= 384
+    assert res.positive_pairs == len(pos) == 338
+    assert res.alignment == pytest.approx(np.mean(np.sum((a - b) ** 2, axis=1)), abs=1e-9)
+    assert res.sentences == len({s for r in rows for s in (r["sentence1"], r["sentence2"])})
+    assert -4.0 < res.uniformity < 0.0 and 1.0 < res.effective_rank <= 384
 
 
 # --------------------------------------------------------------------------- STS17
@@ -242,11 +244,11 @@ def test_sts17_pearson_matches_scipy_on_real_tracks(encode):
         rows = read_tsv(DATA / f"sts/STS17/{track}.tsv")
         gold = np.array([float(r["score"]) for r in rows])
         cos = (unit(encode([r["sentence1"] for r in rows])) * unit(encode([r["sentence2"] for r in rows]))).sum(1)
-        assert res["tracks"][track]["n"] == 250
-        assert res["tracks"][track]["pearson"] == pytest.approx(100 * stats.pearsonr(cos, gold).statistic, abs=1e-9)
-        assert res["tracks"][track]["spearman"] == pytest.approx(100 * stats.spearmanr(cos, gold).statistic, abs=1e-9)
-    assert res["avg"] == pytest.approx((res["tracks"]["en-en"]["pearson"] + res["tracks"]["es-es"]["pearson"]) / 2)
-    assert res["tracks"]["en-en"]["pearson"] > 70  # an English paraphrase model on English STS
+        assert res.tracks[track].n == 250
+        assert res.tracks[track].pearson == pytest.approx(100 * stats.pearsonr(cos, gold).statistic, abs=1e-9)
+        assert res.tracks[track].spearman == pytest.approx(100 * stats.spearmanr(cos, gold).statistic, abs=1e-9)
+    assert res.avg == pytest.approx((res.tracks["en-en"].pearson + res.tracks["es-es"].pearson) / 2)
+    assert res.tracks["en-en"].pearson > 70  # an English paraphrase model on English STS
 
 
 # --------------------------------------------------------------------------- the suite
@@ -261,15 +263,16 @@ def test_suite_flat_metrics_one_cache_and_table(encode):
 
     res = evaluate_tasks(spy, "search,geometry,sts17", options={"sts17": {"tracks": ["en-en"]}})
     assert len(seen) == len(set(seen))  # every distinct sentence embedded once across the tasks
-    m = res["metrics"]
+    m = res.metrics()
     for key in ("search/mrr_at_10", "search/recall_at_1", "search/recall_at_5", "search/recall_at_10",
                 "search/ms_per_query", "search/index_mb", "geometry/alignment", "geometry/uniformity",
                 "geometry/effective_rank", "sts17/en-en", "sts17/en-en/spearman", "sts17/avg"):
         assert key in m and np.isfinite(m[key]), key
-    assert m["search/mrr_at_10"] == res["details"]["search"]["mrr_at_10"]
+    assert res.search is not None and m["search/mrr_at_10"] == res.search.mrr
+    assert res.tasks == ["search", "geometry", "sts17"] and res.primary_metric == "search/mrr_at_10"
     assert all(set(k) <= set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./: ") for k in m)
     for head in ("MRR@10", "R@5", "align", "uniform", "en-en"):
-        assert head in res["table"]
+        assert head in res.table()
 
 
 def test_suite_sts_task_is_the_sts_evaluator():
@@ -286,9 +289,9 @@ def test_suite_sts_task_is_the_sts_evaluator():
 
     res = evaluate_tasks(bag_of_words, ["sts"], options={"sts": {"tasks": ["stsb", "sts13"], "aggregation": "wmean"}})
     want = evaluate_sts(bag_of_words, tasks=["stsb", "sts13"], aggregation="wmean")
-    assert res["metrics"]["sts/stsb"] == want["tasks"]["stsb"]["spearman"]
-    assert res["metrics"]["sts/sts13"] == want["tasks"]["sts13"]["spearman_wmean"]
-    assert res["metrics"]["sts/avg"] == want["avg"]
+    assert res.metrics()["sts/stsb"] == want.tasks["stsb"].spearman
+    assert res.metrics()["sts/sts13"] == want.tasks["sts13"].spearman_wmean
+    assert res.metrics()["sts/avg"] == want.avg == res.sts.primary_score
 
 
 # --------------------------------------------------------------------------- errors

@@ -15,7 +15,7 @@ from scipy import stats
 from raysent.data import load
 from raysent.eval.sts import evaluate_dev, evaluate_sts
 
-from conftest import run_cli
+from conftest import REPO, run_cli
 
 pytestmark = pytest.mark.shared  # real data and models from ../shared
 
@@ -46,7 +46,7 @@ def cos(a, b):
 
 
 def test_sts12_all_mean_wmean_match_scipy():
-    res = evaluate_sts(hashing_encoder, tasks=["sts12"])["tasks"]["sts12"]
+    res = evaluate_sts(hashing_encoder, tasks=["sts12"]).tasks["sts12"]
     subsets = ["MSRpar", "MSRvid", "SMTeuroparl", "surprise.OnWN", "surprise.SMTnews"]
     all_c, all_g, per = [], [], []
     for name in subsets:
@@ -59,19 +59,21 @@ def test_sts12_all_mean_wmean_match_scipy():
     want_pearson = stats.pearsonr(np.concatenate(all_c), np.concatenate(all_g)).statistic * 100
     want_mean = np.mean([p for _, p in per])
     want_wmean = sum(n * p for n, p in per) / sum(n for n, _ in per)
-    assert res["n"] == 3108
-    assert res["spearman_all"] == pytest.approx(want_all, abs=1e-9)
-    assert res["pearson_all"] == pytest.approx(want_pearson, abs=1e-9)
-    assert res["spearman_mean"] == pytest.approx(want_mean, abs=1e-9)
-    assert res["spearman_wmean"] == pytest.approx(want_wmean, abs=1e-9)
-    assert res["spearman"] == res["spearman_all"]  # the default headline is 'all'
-    assert set(res["subsets"]) == set(subsets)
+    assert res.n == 3108
+    assert res.spearman_all == pytest.approx(want_all, abs=1e-9)
+    assert res.pearson_all == pytest.approx(want_pearson, abs=1e-9)
+    assert res.spearman_mean == pytest.approx(want_mean, abs=1e-9)
+    assert res.spearman_wmean == pytest.approx(want_wmean, abs=1e-9)
+    assert res.spearman == res.spearman_all  # the default headline is 'all'
+    assert res.subsets is not None and set(res.subsets) == set(subsets)
 
 
 def test_aggregation_choice_sets_headline_and_average():
     res = evaluate_sts(hashing_encoder, tasks=["sts13", "stsb"], aggregation="wmean")
-    assert res["tasks"]["sts13"]["spearman"] == res["tasks"]["sts13"]["spearman_wmean"]
-    assert res["avg"] == pytest.approx((res["tasks"]["sts13"]["spearman_wmean"] + res["tasks"]["stsb"]["spearman"]) / 2)
+    assert res.tasks["sts13"].spearman == res.tasks["sts13"].spearman_wmean
+    assert res.avg == pytest.approx((res.tasks["sts13"].spearman_wmean + res.tasks["stsb"].spearman) / 2)
+    assert res.primary_metric == "sts/avg" and res.primary_score == res.avg
+    assert res.score("sts13", "all") == res.tasks["sts13"].spearman_all  # every aggregation is kept
 
 
 def test_dev_mode_stsb_and_sickr_match_scipy():
@@ -100,6 +102,18 @@ def test_each_distinct_sentence_is_encoded_once():
 # scores; SICK-R here is the official 4,927-pair test split, computed independently: STACK-NOTES.md).
 REFERENCE = {"sts12": 72.36, "sts13": 80.60, "sts14": 75.60, "sts15": 85.39, "sts16": 78.99, "stsb": 82.03,
              "sickr": 77.15}
+
+
+def test_docs_evaluation_md_quotes_the_scores_this_file_checks():
+    """docs/evaluation.md runs `raysent eval` on all-MiniLM-L6-v2 (its block is marked `elsewhere`: the slow test
+    below runs it) and quotes the scores; they are the ones asserted here."""
+    text = (REPO / "docs" / "evaluation.md").read_text(encoding="utf-8")
+    check = " ".join(text.split("Check: all-MiniLM-L6-v2", 1)[1].split("\n\n", 1)[0].split())
+    names = {"sts12": "STS12", "sts13": "STS13", "sts14": "STS14", "sts15": "STS15", "sts16": "STS16",
+             "stsb": "STS-B", "sickr": "SICK-R"}
+    for task, want in REFERENCE.items():
+        quoted = float(check.split(f"{names[task]} ", 1)[1].split()[0].rstrip(","))
+        assert quoted == pytest.approx(want, abs=0.011), task
 
 
 @pytest.mark.slow

@@ -168,7 +168,7 @@ def test_finishes_and_saves_a_loadable_model(case_id, runs_dir):
     assert summary.initial_dev is not None and math.isfinite(_untuned(summary))
     assert math.isfinite(summary.best_dev_spearman) and summary.best_step >= 0
     if case["method"] != "baseline":
-        assert [c["step"] for c in summary.dev_curve] == [0, steps]
+        assert [c.step for c in summary.dev_curve] == [0, steps]
     best = Path(summary.best_model_dir)
     assert (best / "config.json").is_file() and (best / "raysent.json").is_file()
     meta = json.loads((best / "raysent.json").read_text())
@@ -219,7 +219,7 @@ def test_measured_falls(case_id, runs_dir):
     """The measured finding (FALLS): training ends more than a point below the untuned model, so the run's
     best checkpoint is the untouched encoder (a run that learned nothing)."""
     summary = _run(case_id, runs_dir)
-    before, last = _untuned(summary), summary.dev_curve[-1]["dev_spearman"]
+    before, last = _untuned(summary), summary.dev_curve[-1].dev_spearman
     assert last < before - 1.0, f"{case_id}: STS-B dev {before:.2f} -> {last:.2f}: {FALLS[case_id]}"
     assert summary.best_step == 0
 

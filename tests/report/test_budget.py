@@ -124,9 +124,9 @@ def _record(cid, seed, best, final_step, curve, stopped=None, finished_at=0.0, m
 
 def test_steps_spent_counts_stopped_runs_to_the_stop_and_every_stage_they_reached():
     assert steps_spent(_record("a", 1, 50, 40, [(0, 40), (20, 45), (40, 50)])) == 40
-    assert steps_spent(_record("a", 1, 45, 20, [(0, 40), (20, 45)], stopped={"at_step": 20})) == 20
+    assert steps_spent(_record("a", 1, 45, 20, [(0, 40), (20, 45)], stopped={"by": "scheduler", "at_step": 20})) == 20
     # a two-stage run stopped in its second stage: the first stage's 40 steps, then 20
-    two = _record("a", 1, 45, 20, [(0, 40), (20, 45), (40, 46), (0, 46), (20, 47)], stopped={"at_step": 20})
+    two = _record("a", 1, 45, 20, [(0, 40), (20, 45), (40, 46), (0, 46), (20, 47)], stopped={"by": "scheduler", "at_step": 20})
     assert steps_spent(two) == 60
 
 
@@ -147,8 +147,8 @@ def test_a_search_curve_from_its_records(tmp_path):
             _record("a", 2, 51.0, 40, [(0, 40), (40, 51)], finished_at=4),
             _record("b", 1, 54.0, 40, [(0, 40), (40, 54)], finished_at=1),
             _record("b", 2, 56.0, 40, [(0, 40), (40, 56)], finished_at=2),
-            _record("c", 1, 45.0, 20, [(0, 40), (20, 45)], stopped={"at_step": 20}, finished_at=5),
-            _record("c", 2, 46.0, 20, [(0, 40), (20, 46)], stopped={"at_step": 20}, finished_at=5)]
+            _record("c", 1, 45.0, 20, [(0, 40), (20, 45)], stopped={"by": "scheduler", "at_step": 20}, finished_at=5),
+            _record("c", 2, 46.0, 20, [(0, 40), (20, 46)], stopped={"by": "scheduler", "at_step": 20}, finished_at=5)]
     for r in recs:
         r.to_disk(exp / ("stopped" if r.stopped else "runs") / r.filename)
     c = search_budget(exp, "s1")
@@ -161,7 +161,7 @@ def test_a_search_curve_from_its_records(tmp_path):
 
 
 def test_the_summary_and_compare_show_the_curve_and_its_verdict():
-    from raysent.report.compare import format_budgets
+    from raysent.report.compare import ComparisonResult, Side, SideComparison, format_budgets
     from raysent.report.summary import format_summary
     from raysent.tune.state import Summary
 
@@ -170,9 +170,17 @@ def test_the_summary_and_compare_show_the_curve_and_its_verdict():
     assert "budget curve (expected best dev of n configurations, without replacement" in text
     assert "n=1 52.75" in text and "n=4 55.00" in text and "280 optimizer steps" in text and c.verdict in text
     other = budget_curve([40.0, 41.0, 42.0], seed_sd=0.1)
-    lines = format_budgets({"baseline": {"budget": c.model_dump()}, "comparisons": [{"run": {"budget": other.model_dump()}},
-                                                                                    {"run": {"budget": None}}]})
+    def side(budget):
+        return Side(spec="x", experiment="e", phase="final", config_id="c", search="s", method="m", model="mo", hp={},
+                    seeds=[1], learned=True, budget=budget)
+
+    def result(base, *others, budgets=True):
+        return ComparisonResult(aggregation="all", correlation="spearman", baseline=side(base), budgets=budgets,
+                                comparisons=[SideComparison(run=side(o), tasks={}, same_runs=False, only_in_a=[],
+                                                            only_in_b=[]) for o in others])
+
+    lines = format_budgets(result(c, other, None))
     assert any(line.startswith("  A: n=1 52.75") and "n=3 54.75" in line and "N=4" in line for line in lines)  # n every side has
     assert any(line.startswith("  B1: n=1 41.00") and "n=3 42.00" in line for line in lines)
     assert lines[-1].startswith("  B2: no search's budget curve")
-    assert format_budgets({"baseline": {}, "comparisons": []}) == []
+    assert format_budgets(result(None, budgets=False)) == []

@@ -47,8 +47,9 @@ def write_run(root: Path, exp: str, cid: str, seed: int, hp: dict, *, phase: str
         for t in tasks:
             scores[f"sts/{t}"] = value(cid, seed, t)
             scores[f"sts/{t}/pearson"] = value(cid, seed, t, "pearson_all")
-            det[t] = {k: value(cid, seed, t, k) for k in ("spearman_all", "spearman_wmean", "spearman_mean",
-                                                           "pearson_all", "pearson_wmean", "pearson_mean")}
+            det[t] = {"n": 100, **{k: value(cid, seed, t, k) for k in ("spearman_all", "spearman_wmean", "spearman_mean",
+                                                                        "pearson_all", "pearson_wmean", "pearson_mean")},
+                      "spearman": value(cid, seed, t), "pearson": value(cid, seed, t, "pearson_all")}
         if len(tasks) == 7:
             scores["sts/avg"] = float(np.mean([value(cid, seed, t) for t in tasks]))
     curve = dev_curve or [{"step": 0, "dev_spearman": 80.0}, {"step": 10, "dev_spearman": 80.0 + seed * 0.1},
@@ -68,7 +69,9 @@ def write_run(root: Path, exp: str, cid: str, seed: int, hp: dict, *, phase: str
         "scores": scores,
     }
     if details and phase == "final":
-        rec["eval"] = {"metrics": scores, "details": {"sts": {"aggregation": "all", "tasks": det}}}
+        sts = {"aggregation": "all", "tasks": det, "avg": float(np.mean([d["spearman"] for d in det.values()])),
+               "avg_pearson": float(np.mean([d["pearson"] for d in det.values()]))}
+        rec["eval"] = {"metrics": scores, "details": {"sts": sts}}  # version 1's shape (read as version 3)
     path = root / exp / "runs" / f"{phase}-{search}-{cid}-seed{seed}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(rec))
@@ -297,8 +300,8 @@ def test_compare_matches_scipy_paired_tests_by_seed(tmp_path, capsys):
     for s in seeds:  # seed 7 only in B: left out of the pairing
         write_run(root, "cmp", "cccc", s, {"temperature": 0.1}, seeds=seeds)
     res = compare(["cmp:aaaa", "cmp:cccc"], root)
-    comp = res["comparisons"][0]
-    assert comp["only_in_b"] == [7]
+    comp = res.comparisons[0]
+    assert comp.only_in_b == [7]
     for t in ("sts12", "sickr", "avg"):
         if t == "avg":
             a = [statistics.mean(value("aaaa", s, x) for x in TASKS) for s in seeds[:6]]
@@ -306,11 +309,11 @@ def test_compare_matches_scipy_paired_tests_by_seed(tmp_path, capsys):
         else:
             a = [value("aaaa", s, t) for s in seeds[:6]]
             b = [value("cccc", s, t) for s in seeds[:6]]
-        r = comp["tasks"][t]
-        assert r["n"] == 6 and r["seeds"] == list(seeds[:6])
-        assert r["diff_mean"] == pytest.approx(statistics.mean(np.subtract(b, a)), abs=1e-9)
-        assert r["t_p"] == pytest.approx(stats.ttest_rel(b, a).pvalue, rel=1e-9)
-        assert r["wilcoxon_p"] == pytest.approx(stats.wilcoxon(b, a).pvalue, rel=1e-9)
+        r = comp.tasks[t]
+        assert r.n == 6 and r.seeds == list(seeds[:6])
+        assert r.diff_mean == pytest.approx(statistics.mean(np.subtract(b, a)), abs=1e-9)
+        assert r.t_p == pytest.approx(stats.ttest_rel(b, a).pvalue, rel=1e-9)
+        assert r.wilcoxon_p == pytest.approx(stats.wilcoxon(b, a).pvalue, rel=1e-9)
     assert main(["compare", "cmp:aaaa", str(root / "cmp" / "runs" / "final-*-cccc-seed*.json"), "--results-dir",
                  str(root)]) == 0
     out = capsys.readouterr().out
@@ -342,24 +345,24 @@ def test_compare_marks_arms_that_did_not_learn_on_the_committed_mini_records(cap
     assert flat["supcon-paper"] == flat["supcon-searched"] == []
 
     res = compare(["mini-simcse-unsup-paper", "mini-simcse-unsup-searched"], COMMITTED)
-    comp = res["comparisons"][0]
-    assert comp["tasks"]["avg"]["diff_mean"] == pytest.approx(6.31, abs=0.005)
-    for side in (res["baseline"], comp["run"]):
-        assert side["learned"] is False and side["not_learned_seeds"] == [1, 2, 3, 4, 5]
-    assert comp["neither_learned"] is True and comp["neither_learned_seeds"] == [1, 2, 3, 4, 5]
+    comp = res.comparisons[0]
+    assert comp.tasks["avg"].diff_mean == pytest.approx(6.31, abs=0.005)
+    for side in (res.baseline, comp.run):
+        assert side.learned is False and side.not_learned_seeds == [1, 2, 3, 4, 5]
+    assert comp.neither_learned is True and comp.neither_learned_seeds == [1, 2, 3, 4, 5]
 
     res = compare(["mini-supcon-paper", "mini-supcon-searched"], COMMITTED)
-    comp = res["comparisons"][0]
-    for side in (res["baseline"], comp["run"]):
-        assert side["learned"] is True and side["not_learned_seeds"] == []
-    assert comp["neither_learned"] is False and comp["neither_learned_seeds"] == []
+    comp = res.comparisons[0]
+    for side in (res.baseline, comp.run):
+        assert side.learned is True and side.not_learned_seeds == []
+    assert comp.neither_learned is False and comp.neither_learned_seeds == []
 
     res = compare(["mini-sbert-nli-paper", "mini-sbert-nli-searched"], COMMITTED)
-    comp = res["comparisons"][0]
-    assert res["baseline"]["not_learned_seeds"] == flat["sbert-nli-paper"] == [2, 3, 4, 5]
-    assert comp["run"]["not_learned_seeds"] == flat["sbert-nli-searched"] == [1, 3, 4, 5]
-    assert res["baseline"]["learned"] is False and comp["run"]["learned"] is False
-    assert comp["neither_learned"] is False and comp["neither_learned_seeds"] == [3, 4, 5]
+    comp = res.comparisons[0]
+    assert res.baseline.not_learned_seeds == flat["sbert-nli-paper"] == [2, 3, 4, 5]
+    assert comp.run.not_learned_seeds == flat["sbert-nli-searched"] == [1, 3, 4, 5]
+    assert res.baseline.learned is False and comp.run.learned is False
+    assert comp.neither_learned is False and comp.neither_learned_seeds == [3, 4, 5]
 
     # the printed output: both A and B lines marked, and the note that Δ is between untrained encoders
     assert main(["compare", "mini-simcse-unsup-paper", "mini-simcse-unsup-searched", "--results-dir",
@@ -509,7 +512,7 @@ def test_an_experiment_searched_twice_compares_its_newest_search(tmp_path):
                           search=search, dev_curve=curve)
     for a, b in (("aaaa", "bbbb"), ("two:aaaa", "two:bbbb")):
         res = compare([a, b], root, phase="search")
-        assert res["baseline"]["search"] == "20260202-000000" and res["baseline"]["seeds"] == [1, 2]
-        assert res["comparisons"][0]["tasks"]["dev"]["a_mean"] == pytest.approx(np.mean([69.0 + 1, 69.0 + 2]))
+        assert res.baseline.search == "20260202-000000" and res.baseline.seeds == [1, 2]
+        assert res.comparisons[0].tasks["dev"].a_mean == pytest.approx(np.mean([69.0 + 1, 69.0 + 2]))
     old = compare([str(root / "two" / "runs" / "search-20260101-*-aaaa-*.json"), "bbbb"], root, phase="search")
-    assert old["baseline"]["search"] == "20260101-000000"
+    assert old.baseline.search == "20260101-000000"

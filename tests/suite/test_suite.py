@@ -15,7 +15,7 @@ import pytest
 from scipy import stats
 
 from raysent.errors import ConfigError, RaysentError
-from raysent.tune.suite import format_comparisons, load_suite, plan, run_suite, write_report
+from raysent.tune.suite import EntryComparison, format_comparisons, load_suite, plan, run_suite, write_report
 
 from conftest import REPO, run_cli
 
@@ -235,5 +235,7 @@ def test_tiny_suite_runs_resumes_and_compares(ray_cluster, tiny_bert, tmp_path):
     assert row["diff_mean"] == pytest.approx(float(np.mean(b - a)))
     if np.any(b != a):
         assert row["t_p"] == pytest.approx(stats.ttest_rel(b, a).pvalue)
-    line = [ln for ln in format_comparisons(comp, task="stsb").splitlines() if ln.startswith("| simcse |")]
+    entries = [EntryComparison.from_json(c) for c in comp]  # compare.json read back as the typed comparisons
+    assert [e.to_json() for e in entries] == comp
+    line = [ln for ln in format_comparisons(entries, task="stsb").splitlines() if ln.startswith("| simcse |")]
     assert len(line) == 1 and f"{row['diff_mean']:+.2f}" in line[0]

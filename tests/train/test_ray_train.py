@@ -268,7 +268,7 @@ def test_a_dying_worker_is_replaced_and_the_run_resumes_exactly(ray_cluster, tin
     (tmp_path / "exp.yaml").write_text(CONFIG.replace(RAW_BERT, tiny_bert).replace("lr: 1.0e-4", "lr: 1.0e-3"))
     base = load_config(tmp_path / "exp.yaml")
     uninterrupted = train_with_ray(with_overrides(base, {"train.output_dir": str(tmp_path / "whole")}), quiet=True)
-    assert len({c["dev_spearman"] for c in uninterrupted.dev_curve}) == 3  # the dev score moves at every eval
+    assert len({c.dev_spearman for c in uninterrupted.dev_curve}) == 3  # the dev score moves at every eval
     cfg = with_overrides(base, {"train.output_dir": str(tmp_path / "crash")})
 
     def controllers() -> set:
@@ -295,8 +295,8 @@ def test_a_dying_worker_is_replaced_and_the_run_resumes_exactly(ray_cluster, tin
     assert Path(summary.resumed_from).is_relative_to(ray_run) and not list(ray_run.rglob(".restore-*"))
     assert summary.final_step == uninterrupted.final_step == 20
     assert summary.best_dev_spearman == pytest.approx(uninterrupted.best_dev_spearman, abs=1e-9)
-    assert [c["dev_spearman"] for c in summary.dev_curve] == pytest.approx(
-        [c["dev_spearman"] for c in uninterrupted.dev_curve], abs=1e-9)
+    assert [c.dev_spearman for c in summary.dev_curve] == pytest.approx(
+        [c.dev_spearman for c in uninterrupted.dev_curve], abs=1e-9)
     assert summary.best_step == uninterrupted.best_step
     whole, resumed = (load_file(Path(s.best_model_dir) / "model.safetensors") for s in (uninterrupted, summary))
     assert whole.keys() == resumed.keys() and all(torch.allclose(whole[k], resumed[k], atol=1e-6) for k in whole)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -14,9 +15,12 @@ from raysent.errors import RaysentError
 from raysent.report.runs import read_run
 from raysent.train.records import (
     SCHEMA_VERSION,
+    CurvePoint,
     RunRecord,
     TrainSummary,
+    diverged,
     learned,
+    migrate,
     read_record,
     read_summary,
     validate_record,
@@ -42,10 +46,39 @@ def test_every_committed_record_reads_as_the_current_schema():
 
 
 def test_a_record_round_trips_unchanged():
-    data = _committed()
+    data = json.loads(json.dumps(validate_record(_committed(), "x.json").to_json()))  # as this version writes it
     rec = validate_record(data, "x.json")
-    assert rec.model_dump(exclude_unset=True) == data
+    assert json.loads(json.dumps(rec.model_dump(exclude_unset=True))) == data
     assert rec.scores["sts/avg"] == data["scores"]["sts/avg"] and rec.dev_curve[0].step == 0
+
+
+def test_a_version_2_record_reads_as_version_3_with_the_same_scores():
+    """Version 2's ``eval`` ({metrics, details}) is typed in version 3: each task's result by its name, whose
+    metrics() are what version 2 stored as metrics; the record answers score() by task, aggregation and
+    correlation, as the tables read it."""
+    data = _committed()
+    assert data["schema_version"] == 2
+    rec = validate_record(data, "x.json")
+    assert rec.schema_version == 3 and rec.eval is not None and rec.eval.tasks == ["sts"]
+    assert rec.eval.metrics() == data["eval"]["metrics"] == rec.scores
+    assert rec.eval.primary_metric == "sts/avg"
+    sts12 = data["eval"]["details"]["sts"]["tasks"]["sts12"]
+    assert rec.score("sts12") == sts12["spearman_all"] and rec.score("sts12", "wmean") == sts12["spearman_wmean"]
+    assert rec.score("sts12", "mean", "pearson") == sts12["pearson_mean"]
+    assert rec.score("avg") == pytest.approx(data["scores"]["sts/avg"], abs=1e-12)
+    assert rec.score("dev") == data["best_dev_spearman"]
+    assert read_run(COMMITTED[0]).score("sts12", "wmean") == rec.score("sts12", "wmean")
+    assert migrate(data, "x.json")["schema_version"] == 3 and "details" not in migrate(data, "x.json")["eval"]
+
+
+def test_diverged_reads_one_curve_type():
+    curve = [CurvePoint(step=0, dev_spearman=60.0), CurvePoint(step=10, dev_spearman=45.0)]
+    assert diverged({"dev_spearman": 60.0}, curve) is True
+    assert diverged({"dev_spearman": 60.0}, curve[:1]) is False
+    assert diverged(None, curve) is None
+    assert diverged({"dev_spearman": 60.0}, [CurvePoint(step=5, dev_spearman=math.nan)]) is True
+    assert TrainSummary.model_validate(_summary(dev_curve=[{"step": 0, "dev_spearman": 60.0, "dev/stsb:dev": 60.0}])
+                                       ).dev_curve[0].scores() == {"dev_spearman": 60.0, "dev/stsb:dev": 60.0}
 
 
 def test_nan_scores_stay_nan_when_written():
@@ -60,26 +93,35 @@ def _write(tmp_path: Path, data) -> Path:
     return p
 
 
+def _with_sources(data: dict, sources: dict) -> dict:
+    """``data``'s evaluation (version 2's shape) with other STS sources."""
+    sts = data["eval"]["details"]["sts"]
+    return {**data["eval"], "details": {"sts": {**sts, "sources": sources}}}
+
+
 def test_an_old_record_is_migrated_when_read(tmp_path):
-    """Version 0 (no schema_version) and 1 (absolute paths of the machine that wrote it) read as version 2: the
-    run's folders where the experiment's folder is now, data files as $RAYSENT_DATA_DIR/<path>; written again,
-    the paths are relative to the experiment's folder."""
+    """Version 0 (no schema_version), 1 (absolute paths of the machine that wrote it) and 2 read as version 3:
+    the run's folders where the experiment's folder is now, data files as $RAYSENT_DATA_DIR/<path>, the
+    evaluation typed; written again, the paths are relative to the experiment's folder."""
     data = _committed()
+    data_dir = Path(os.environ["RAYSENT_DATA_DIR"])
     v1 = {**data, "schema_version": 1,
           "best_model_dir": "/elsewhere/results/exp/final/s1/seed1/best",
           "config": {**data["config"], "train": {**data["config"]["train"],
                                                  "output_dir": "/elsewhere/results/exp/final/s1/seed1"}},
-          "eval": {"details": {"sts": {"sources": {"stsb": f"{Path(REPO.parent / 'shared' / 'data')}/sts/STSB/test.tsv"}}}}}
+          "eval": _with_sources(data, {"stsb": f"{data_dir}/sts/STSB/test.tsv"})}
     for old in (v1, {k: v for k, v in v1.items() if k != "schema_version"}):
         p = _write(tmp_path, old)
         rec = read_record(p)
-        assert rec.schema_version == SCHEMA_VERSION == 2
+        assert rec.schema_version == SCHEMA_VERSION == 3
         assert rec.best_model_dir == str(tmp_path.resolve() / "exp" / "final" / "s1" / "seed1" / "best")
         assert rec.config["train"]["output_dir"] == str(tmp_path.resolve() / "exp" / "final" / "s1" / "seed1")
-        assert rec.eval["details"]["sts"]["sources"]["stsb"] == "$RAYSENT_DATA_DIR/sts/STSB/test.tsv"
+        assert rec.eval is not None and rec.eval.sts is not None
+        assert rec.eval.sts.sources["stsb"] == "$RAYSENT_DATA_DIR/sts/STSB/test.tsv"
         rec.to_disk(p)
         on_disk = json.loads(p.read_text())
-        assert on_disk["best_model_dir"] == "final/s1/seed1/best" and on_disk["schema_version"] == 2
+        assert on_disk["best_model_dir"] == "final/s1/seed1/best" and on_disk["schema_version"] == 3
+        assert on_disk["eval"]["tasks"] == ["sts"] and "details" not in on_disk["eval"]
         assert read_record(p).best_model_dir == rec.best_model_dir  # and back
         assert read_run(p).hp == data["hp"]
 
@@ -91,11 +133,13 @@ def test_a_data_file_written_through_a_link_is_migrated_as_data(tmp_path, monkey
     (data_dir / "sts").mkdir(parents=True)
     link.symlink_to(data_dir)
     old = {**_committed(), "schema_version": 1,
-           "eval": {"details": {"sts": {"sources": {"stsb": f"{link}/sts/test.tsv + {data_dir}/sts/dev.tsv",
-                                                    "other": "/elsewhere/sts/test.tsv"}}}}}
+           "eval": _with_sources(_committed(), {"stsb": f"{link}/sts/test.tsv + {data_dir}/sts/dev.tsv",
+                                                "other": "/elsewhere/sts/test.tsv"})}
     for named in (data_dir, link):
         monkeypatch.setenv("RAYSENT_DATA_DIR", str(named))
-        sources = read_record(_write(tmp_path, old)).eval["details"]["sts"]["sources"]
+        evaluation = read_record(_write(tmp_path, old)).eval
+        assert evaluation is not None and evaluation.sts is not None
+        sources = evaluation.sts.sources
         assert sources == {"stsb": "$RAYSENT_DATA_DIR/sts/test.tsv + $RAYSENT_DATA_DIR/sts/dev.tsv",
                            "other": "/elsewhere/sts/test.tsv"}
 
@@ -103,8 +147,8 @@ def test_a_data_file_written_through_a_link_is_migrated_as_data(tmp_path, monkey
 def test_a_foreign_or_newer_record_is_refused(tmp_path):
     with pytest.raises(RaysentError, match="not a raysent run record"):
         read_record(_write(tmp_path, {"run": 1, "accuracy": 0.5}))
-    with pytest.raises(RaysentError, match="schema_version 3; this raysent reads versions up to 2"):
-        read_record(_write(tmp_path, {**_committed(), "schema_version": 3}))
+    with pytest.raises(RaysentError, match="schema_version 4; this raysent reads versions up to 3"):
+        read_record(_write(tmp_path, {**_committed(), "schema_version": 4}))
     with pytest.raises(RaysentError, match="expected a JSON object, found list"):
         read_record(_write(tmp_path, [1, 2]))
 

@@ -95,7 +95,7 @@ def test_seeded_and_resumes_exactly_after_a_crash(tiny_bert, tmp_path, monkeypat
     resumed = train_in_process(crashed, resume=True, quiet=True)
     assert resumed.final_step == 12
     assert resumed.resumed_from == str(crashed.output_dir() / "checkpoint") and ref.resumed_from is None
-    assert [c["dev_spearman"] for c in resumed.dev_curve] == [c["dev_spearman"] for c in ref.dev_curve]
+    assert [c.dev_spearman for c in resumed.dev_curve] == [c.dev_spearman for c in ref.dev_curve]
     assert resumed.best_dev_spearman == ref.best_dev_spearman
     assert resumed.loss_curve == ref.loss_curve
     other_seed = train_in_process(_small(tmp_path, "seed7", tiny_bert, seed=7), quiet=True)

@@ -1,4 +1,4 @@
-"""What an interrupted search or final phase says it did (raysent.tune.driver.check_complete), from Tune's
+"""What an interrupted search or final phase says it did (raysent.tune.records_transport.check_complete), from Tune's
 results as ``tuner.fit()`` returns them after Ctrl-C: the trials Tune ended because of Ctrl-C are TERMINATED
 there like the finished ones, so only the run records tell finished from cut off. (tests/tune/test_tune.py
 checks the same line after a real Ctrl-C.)"""
@@ -11,7 +11,8 @@ import pytest
 
 from raysent.config import parse_config
 from raysent.errors import Interrupted
-from raysent.tune.driver import check_complete, experiment_dir
+from raysent.tune.records_transport import check_complete
+from raysent.tune.storage import experiment_dir
 from raysent.tune.trial import RECORD_KEY, STOPPED_DIR
 
 CONFIG = {"name": "cut", "method": "simcse-unsup", "model": {"name": "raw-bert-mini-mlm"},

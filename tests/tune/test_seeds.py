@@ -52,21 +52,21 @@ def test_seeds_in_turns_train_as_alone_and_the_trial_reports_their_mean(tiny_ber
     assert [r.seed for r in records] == [3, 5]
     for rec in records:
         solo = alone[rec.seed]
-        assert [p.model_dump() for p in rec.dev_curve] == solo.dev_curve, rec.seed
+        assert rec.dev_curve == solo.dev_curve, rec.seed
         assert rec.best_dev_spearman == solo.best_dev_spearman and rec.best_step == solo.best_step
         assert rec.trial_id == "t1" and rec.hp == {"lr": 3.0e-4} and rec.final_step == 6
         assert (exp / "runs" / f"search-r1-{rec.config_id}-seed{rec.seed}.json").is_file()
         assert rec.best_model_dir == str(exp / "search" / "r1" / "t1" / f"seed{rec.seed}" / "best")
         assert not (exp / "search" / "r1" / "t1" / f"seed{rec.seed}" / "checkpoint").exists()
     # the seeds differ (else the mean would say nothing about them)
-    assert len({a.dev_curve[-1]["dev_spearman"] for a in alone.values()}) == 2
+    assert len({a.dev_curve[-1].dev_spearman for a in alone.values()}) == 2
 
     # one report per round of evaluations (steps 0, 2, 4, 6): the mean and sample std over the seeds of their
     # best score so far and of their score at that step, and each seed's point
     assert [r["step"] for r in reported] == [0, 2, 4, 6]
     for r in reported:
-        best = [max(p["dev_spearman"] for p in alone[s].dev_curve if p["step"] <= r["step"]) for s in (3, 5)]
-        now = [next(p["dev_spearman"] for p in alone[s].dev_curve if p["step"] == r["step"]) for s in (3, 5)]
+        best = [max(p.dev_spearman for p in alone[s].dev_curve if p.step <= r["step"]) for s in (3, 5)]
+        now = [next(p.dev_spearman for p in alone[s].dev_curve if p.step == r["step"]) for s in (3, 5)]
         assert r["best_dev_spearman"] == pytest.approx(np.mean(best), abs=1e-12)
         assert r["best_dev_spearman_std"] == pytest.approx(np.std(best, ddof=1), abs=1e-12)
         assert r["dev_spearman"] == pytest.approx(np.mean(now), abs=1e-12)

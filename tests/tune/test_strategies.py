@@ -82,8 +82,8 @@ def test_the_combinations_that_cannot_work_are_refused_naming_the_file_and_field
 def test_the_samplers_and_the_plan(tmp_path):
     import optuna
 
-    from raysent.tune.driver import sampler_of
     from raysent.tune.plan import SearchPlan, dry_run
+    from raysent.tune.searchers import sampler_of
 
     def cfg(**search):
         return parse_config({**BASE, "search": {"space": SPACE, **search}})

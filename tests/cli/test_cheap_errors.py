@@ -1,0 +1,59 @@
+"""Errors in the command line or the experiment file come back before torch, Ray or MLflow is imported: a
+missing, empty or malformed file, a bad --set, a bad --pooling. The cases run one after the other in one fresh
+interpreter (one start, not one per case), which notes after each what it has imported: the test asserts on that,
+not on seconds (the CLI imported torch through raysent.api before it looked at the file, 3-4 s for a file that
+does not exist)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+HEAVY = ("torch", "ray", "mlflow", "transformers", "optuna", "sentence_transformers")
+PROBE = f"""\
+import contextlib, io, json, sys
+from raysent.cli import main
+out = []
+for argv in json.loads(sys.argv[1]):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            rc = main(argv)
+        except SystemExit as exc:  # --help
+            rc = exc.code
+    out.append({{"rc": rc, "stderr": err.getvalue(), "imported": [m for m in {HEAVY!r} if m in sys.modules]}})
+print(json.dumps(out))
+"""
+
+CASES = {
+    "missing file": (["tune", "missing.yaml"], "missing.yaml: file not found"),
+    "empty file": (["tune", "empty.yaml"], "empty.yaml: the file is empty"),
+    "YAML syntax": (["tune", "syntax.yaml"], "syntax.yaml:3: not valid YAML"),
+    "a tab": (["train", "tab.yaml"], "tab.yaml:2: not valid YAML: found character '\\t'"),
+    "a key twice": (["tune", "twice.yaml", "--dry-run"], "twice.yaml:3: name: the key 'name' is given twice"),
+    "no file named": (["tune"], "give the experiment YAML"),
+    "bad --set": (["tune", "missing.yaml", "--set", "lr"], "--set 'lr': expected KEY=VALUE"),
+    "bad --pooling": (["export", "raw-bert-mini-mlm", "out", "--pooling", "avg"], "unknown --pooling 'avg'; allowed:"),
+    "bad --max-length": (["export", "raw-bert-mini-mlm", "out", "--max-length", "1"], "--max-length 1: expected"),
+    "export onto a file": (["export", "raw-bert-mini-mlm", "empty.yaml"], "empty.yaml is a file"),
+}
+
+
+def test_cheap_errors_are_one_line_before_torch_ray_or_mlflow(tmp_path):
+    (tmp_path / "empty.yaml").write_text("")
+    (tmp_path / "syntax.yaml").write_text("name: x\nmethod: [simcse-unsup\n")
+    (tmp_path / "tab.yaml").write_text("name: x\n\tmethod: simcse-unsup\n")
+    (tmp_path / "twice.yaml").write_text("name: x\nmethod: simcse-unsup\nname: y\n")
+    argvs = [argv for argv, _ in CASES.values()] + [["--help"], ["export", "--help"]]
+    proc = subprocess.run([sys.executable, "-c", PROBE, json.dumps(argvs)], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    for (case, (argv, said)), res in zip(CASES.items(), got, strict=False):
+        err = res["stderr"]
+        assert res["rc"] == 2 and err.count("raysent: error:") == 1 and "Traceback" not in err, (case, err)
+        assert said in err, (case, err)
+        assert res["imported"] == [], f"{case}: raysent {' '.join(argv)} imported {res['imported']} before its error"
+    assert [res["rc"] for res in got[len(CASES):]] == [0, 0] and got[-1]["imported"] == []  # --help: none either
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.*"))  # export wrote nothing
