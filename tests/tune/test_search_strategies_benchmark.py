@@ -81,6 +81,10 @@ def test_the_report_is_computed_from_the_records(tmp_path):
     assert "| random + ASHA (seed mean) | random | 1 | 83% | 1/1 | +0.00 |" in text
     # n=1: regret 55 − 50 = 5 for both (the first configuration); at n=2 both have seen 55
     assert "| 1 | 5.00 (0/1) | 5.00 (0/1) |" in text and "| 2 | 0.00 (1/1) | 0.00 (1/1) |" in text
+    # what to run, in words: the lead is not a finding on one pair; ASHA's steps and picks as in the table
+    assert "## What to run, on this evidence" in text and "a lead, not a finding" in text
+    assert "**random + ASHA (seed mean)** trained 83% of random's optimizer steps (median) and picked the same " \
+           "configuration in 1 of 1 searches" in text
     assert (tmp_path / "study.json").is_file() and (tmp_path / "search-strategies-supcon.png").is_file()
     saved = json.loads((tmp_path / "study.json").read_text())
     assert saved["best_found"] == {"supcon": 55.0} and len(saved["searches"]) == 2
