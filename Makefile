@@ -15,11 +15,11 @@ check: lint typecheck test  ## what to run before a commit
 lint:
 	ruff check raysent tests
 
-typecheck:  ## the whole torch-only core (pyproject.toml, [tool.mypy]; tests/test_layers.py lists it)
-	mypy
+typecheck:  ## the whole package (pyproject.toml, [tool.mypy]; tests/test_types.py runs it too)
+	python -m mypy
 
-test:  ## the fast tier: trains nothing, imports no Ray (tests/conftest.py fails a test that does); ~64 s on 2 cores
+test:  ## the fast tier: trains nothing, imports no Ray (tests/conftest.py fails a test that does); ~81 s on 2 cores
 	python -m pytest -q -m "not slow" tests
 
-test-all:  ## the whole suite, as CI runs it (.ci/run); ~17 min on 2 cores (docs/testing.md)
+test-all:  ## the whole suite, as CI runs it (.ci/run); ~26 min on 2 cores (docs/testing.md)
 	python -m pytest -q tests
