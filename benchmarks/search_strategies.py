@@ -204,8 +204,6 @@ def plan(path: Path, sel: Selection) -> dict:
 
 # --------------------------------------------------------------------------- running
 def run(path: Path, sel: Selection, say=print, out: Path | None = None) -> dict:
-    from raysent.tune.driver import tune_experiment
-
     study = load_study(path)
     started = time.time()
     todo = list(searches(study, path, sel))
@@ -215,13 +213,7 @@ def run(path: Path, sel: Selection, say=print, out: Path | None = None) -> dict:
             say(f"[{i}/{len(todo)}] {cfg.name}: done before, kept")
             continue
         say(f"[{i}/{len(todo)}] {cfg.name}: {s.label}, repeat {rep} ({time.time() - started:.0f} s into the study)")
-        try:
-            tune_experiment(cfg, resume=st == "started", search_only=True, quiet=True, paper_arm=False,
-                            source=f"{path} ({cfg.name})")
-        except (Interrupted, KeyboardInterrupt) as exc:
-            raise Interrupted(f"study {study.name} interrupted in {cfg.name} ({exc or 'Ctrl-C'}); the same command "
-                              "continues it: finished searches are kept, this one goes on from its saved state"
-                              ) from None
+        _run_phase(study, path, cfg, resumed=st == "started", search_only=True)
         if i == len(todo) or todo[i][0].name != m.name:  # a method's searches are done: its final phases
             run_finals(study, path, sel, m, say)
     rep = report(path, sel, out)
@@ -241,20 +233,25 @@ def picks(study: Study, path: Path, sel: Selection, m: Method) -> dict[str, dict
 
 
 def run_finals(study: Study, path: Path, sel: Selection, m: Method, say=print) -> None:
-    from raysent.tune.driver import tune_experiment
-
     for cid, hp in sorted(picks(study, path, sel, m).items()):
         cfg = final_config(study, path, sel, m, hp, cid)
         st = final_status(cfg)
         if st == "done":
             continue
         say(f"{cfg.name}: the final phase of {hp} on seeds {list(cfg.seeds)}")
-        try:
-            tune_experiment(cfg, resume=st == "started", final_only=True, quiet=True, paper_arm=False,
-                            source=f"{path} ({cfg.name})")
-        except (Interrupted, KeyboardInterrupt) as exc:
-            raise Interrupted(f"study {study.name} interrupted in {cfg.name} ({exc or 'Ctrl-C'}); the same command "
-                              "continues it") from None
+        _run_phase(study, path, cfg, resumed=st == "started", final_only=True)
+
+
+def _run_phase(study: Study, path: Path, cfg, resumed: bool, **phase: bool) -> None:
+    """One search (``search_only``) or final phase (``final_only``), quiet; Ctrl-C says how to continue."""
+    from raysent.tune.driver import tune_experiment
+
+    try:
+        tune_experiment(cfg, resume=resumed, quiet=True, paper_arm=False, source=f"{path} ({cfg.name})", **phase)
+    except (Interrupted, KeyboardInterrupt) as exc:
+        raise Interrupted(f"study {study.name} interrupted in {cfg.name} ({exc or 'Ctrl-C'}); the same command "
+                          "continues it: finished searches and phases are kept, this one goes on from its saved "
+                          "state") from None
 
 
 # --------------------------------------------------------------------------- the report
@@ -536,7 +533,7 @@ def budget_comparison(names, labels, rows, best, n_max) -> list[str]:
 def pruning_comparison(names, labels, strategies, rows, best) -> list[str]:
     """Early stopping against the same search without it (same sampler and seed: the same configurations)."""
     lines = ["### Early stopping: steps saved and what it picked", ""]
-    pairs = []
+    pairs, saved = [], []  # saved: (strategy, without it, median steps ratio, same picks, searches) for advice
     for s in names:
         st = strategies[s].set
         if "search.scheduler" not in st and "search.pruner" not in st:
@@ -547,7 +544,8 @@ def pruning_comparison(names, labels, strategies, rows, best) -> list[str]:
         if base is not None:
             pairs.append((s, base))
     if not pairs:
-        return lines + ["No early-stopping strategy with a matching strategy without it.", ""]
+        return lines + ["No early-stopping strategy with a matching strategy without it.", ""] + advice(
+            rows, best, labels, strategies, names, saved)
     lines += ["| strategy | vs | searches | steps (its / without, median) | same pick | pick's regret (its − "
               "without, mean) | best seen at equal steps (its − without, mean; paired Wilcoxon p) |",
               "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
@@ -570,16 +568,17 @@ def pruning_comparison(names, labels, strategies, rows, best) -> list[str]:
                 eq_b.append(ob)
         diff = np.mean(np.array(eq_a) - np.array(eq_b)) if eq_a else None
         p = paired_test(eq_a, eq_b)
+        saved.append((s, base, float(ratio), same, len(mine)))
         lines.append(f"| {labels[s]} | {labels[base]} | {len(mine)} | {ratio:.0%} | {same}/{len(mine)} | "
                      f"{dregret:+.2f} | {_fmt(diff, 2, True)} ({_fmt(p, 3)}) |")
     lines += ["", "Same pick: the early-stopping search picked the configuration the search without it picked (both "
               "tried the same ones). At equal steps: the best the early-stopping search saw against the best the full "
               "search had seen after spending as many steps (its configurations in the order they finished). "
               "A difference is called only at p < 0.05; otherwise the evidence is too thin.", ""]
-    return lines + advice(rows, best, labels, strategies, names, pairs)
+    return lines + advice(rows, best, labels, strategies, names, saved)
 
 
-def advice(rows, best, labels, strategies, names, pairs) -> list[str]:
+def advice(rows, best, labels, strategies, names, saved) -> list[str]:
     """What to run, in plain words, from the numbers above: a lead is a finding only at p < 0.05."""
     n_max = max(r["curve"].configurations for r in rows)
     startup = min((int(strategies[s].set.get("search.n_startup_trials", 0)) for s in names
@@ -608,16 +607,9 @@ def advice(rows, best, labels, strategies, names, pairs) -> list[str]:
                  f"{labels[runner]}'s {np.mean(at_max[runner]):.2f} ({hits[runner]} of {len(at_max[runner])}); paired "
                  f"over {len(keys)} searches, p = {_fmt(p, 3)}: {found}. Run {labels[lead]} if you run one of them at "
                  "this budget; the evidence does not say it beats the others.")
-    for s, base in pairs:
-        mine = [(r, next((b for b in rows if b["strategy"] == base and (b["method"], b["repeat"])
-                          == (r["method"], r["repeat"])), None)) for r in rows if r["strategy"] == s]
-        mine = [(a, b) for a, b in mine if b is not None and a["steps"] and b["steps"]]
-        if not mine:
-            continue
-        ratio = float(np.median([a["steps"] / b["steps"] for a, b in mine]))
-        same = sum(a["pick"] == b["pick"] for a, b in mine)
+    for s, base, ratio, same, n in saved:  # what pruning_comparison measured
         lines.append(f"- **{labels[s]}** trained {ratio:.0%} of {labels[base]}'s optimizer steps (median) and picked "
-                     f"the same configuration in {same} of {len(mine)} searches: " +
+                     f"the same configuration in {same} of {n} searches: " +
                      ("where steps are the budget, it saves about a quarter or more at this size." if ratio <= 0.8 else
                       "at 2 seeds and 40 steps it can stop little (its p-value needs several paired evaluations), so "
                       "it saves little here; it has more to stop with more seeds or evaluations."))
