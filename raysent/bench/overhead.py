@@ -41,6 +41,22 @@ from raysent.config import parse_config, with_overrides
 RAY_COMMAND = re.compile(r"ray::|/ray/|\bray\b")
 
 
+def _session_processes(seen: dict[int, tuple[str, int, float]], session: str, me: int) -> set[int]:
+    """The pids of one Ray session among ``seen`` (pid: (command line, parent, CPU)): the processes whose
+    command line names the session, everything below them, and ``me``."""
+    children: dict[int, list[int]] = {}
+    for pid, (_, parent, _) in seen.items():
+        children.setdefault(parent, []).append(pid)
+    todo = [pid for pid, (cmd, _, _) in seen.items() if session in cmd]
+    keep = {me} & set(seen)
+    while todo:
+        pid = todo.pop()
+        if pid not in keep:
+            keep.add(pid)
+            todo.extend(children.get(pid, []))
+    return keep
+
+
 class RayCpu:
     """CPU time of this machine's Ray processes (and of this one) while a way runs, from /proc (Linux).
 
@@ -50,20 +66,25 @@ class RayCpu:
     the orchestration itself took. On a machine whose cores all train, the loop loses about twice that:
     each wake-up of another process stalls one torch thread, and the other waits for it at the next
     barrier. ``summary()``: percent of one core over the way's wall time, the trainer apart, the other
-    processes grouped by name (None where /proc cannot be read)."""
+    processes grouped by name (None where /proc cannot be read).
 
-    def __init__(self, interval: float = 0.5):
+    ``session`` (a Ray session's name, e.g. ``session_2026-11-27_…``): only that Ray's processes, those whose
+    command line names it (GCS, raylet, dashboard, log monitor) and everything they started (the workers),
+    and this process: another Ray on the machine (another search, another user) is not counted, nor taken
+    for the trainer. None: every Ray process on the machine."""
+
+    def __init__(self, interval: float = 0.5, session: str | None = None):
         self.interval = interval
+        self.session = session
         self.start: dict[int, float] = {}
         self.last: dict[int, tuple[str, float]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self.wall = 0.0
 
-    @staticmethod
-    def _read() -> dict[int, tuple[str, float]]:
+    def _read(self) -> dict[int, tuple[str, float]]:
         me, tick = os.getpid(), os.sysconf("SC_CLK_TCK")
-        out = {}
+        seen: dict[int, tuple[str, int, float]] = {}  # pid: (command line, parent, CPU seconds)
         for entry in os.scandir("/proc"):
             if not entry.name.isdigit():
                 continue
@@ -71,16 +92,23 @@ class RayCpu:
                 with open(f"/proc/{entry.name}/cmdline", "rb") as f:
                     cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
                 pid = int(entry.name)
-                if pid != me and not RAY_COMMAND.search(cmd):
+                # an empty command line: a kernel thread, or a process that has ended (a zombie), which keeps
+                # its last reading under its name
+                if pid != me and (not cmd or self.session is None and not RAY_COMMAND.search(cmd)):
                     continue
                 with open(f"/proc/{entry.name}/stat") as f:
                     fields = f.read().rsplit(")", 1)[1].split()
             except OSError:  # ended meanwhile
                 continue
+            seen[pid] = (cmd, int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
+        keep = set(seen) if self.session is None else _session_processes(seen, self.session, me)
+        out = {}
+        for pid in keep:
+            cmd, _, cpu = seen[pid]
             name = cmd.split()[0] if cmd.startswith("ray::") else Path(cmd.split()[0]).name if cmd else "?"
             if name.startswith("python") and len(cmd.split()) > 1:  # python …/ray/…/x.py: the script's name
                 name = Path(next((a for a in cmd.split()[1:] if not a.startswith("-")), name)).name
-            out[pid] = (name, (int(fields[11]) + int(fields[12])) / tick)
+            out[pid] = (name, cpu)
         return out
 
     def _run(self) -> None:
@@ -115,6 +143,17 @@ class RayCpu:
         return {"trainer": used[trainer][0], "trainer_percent": pct(used[trainer][1]),
                 "others_percent": pct(sum(others.values())), "processes": len(used) - 1,
                 "others": {k: pct(v) for k, v in sorted(others.items(), key=lambda kv: -kv[1]) if pct(v) >= 0.1}}
+
+
+def _session_name() -> str | None:
+    """The name of the Ray session this process is connected to (``session_<date>_<pid>``, in the command
+    lines of its GCS, raylet and dashboard); None where Ray does not say (then RayCpu counts every Ray)."""
+    import ray
+
+    # Ray has no public accessor for it (2.60); its node object has had it since 1.x
+    node = getattr(ray._private.worker.global_worker, "node", None)
+    name = getattr(node, "session_name", None)
+    return str(name) if name else None
 
 
 def _tune_trials(cfg, trials: int, trial_cpus: float, root: Path) -> list[float]:
@@ -189,7 +228,7 @@ def bench_overhead(raw_config: dict, steps: int, cpus: float, trials: int = 2, s
                                         "resources.trial_cpus": 0.1})
         say(f"  Ray Train, 1 worker: {steps} steps")
         t0, t0_unix = time.perf_counter(), time.time()
-        with RayCpu() as cpu:
+        with RayCpu(session=_session_name()) as cpu:
             ray_run = train_with_ray(with_overrides(ray_cfg, {"train.output_dir": str(root / "train")}), quiet=True)
         out["ray_train_seconds"] = time.perf_counter() - t0
         out["ray_train_cpu"] = cpu.summary()
@@ -204,7 +243,7 @@ def bench_overhead(raw_config: dict, steps: int, cpus: float, trials: int = 2, s
         out["tune_trial_each"] = _tune_trials(ray_cfg, trials, 0.1, root / "tune")
         say(f"  {trials} Ray Tune trials, each training in its own process: {steps} steps each")
         in_trial = with_overrides(base, {"resources.workers": None})
-        with RayCpu() as cpu:
+        with RayCpu(session=_session_name()) as cpu:
             out["tune_in_trial_each"] = _tune_trials(in_trial, trials, cpus, root / "tune-in-trial")
         out["tune_in_trial_cpu"] = cpu.summary()
     except Exception as exc:

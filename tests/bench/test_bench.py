@@ -245,6 +245,28 @@ def test_ray_cpu_counts_a_process_started_within_the_window_as_it_counts_itself(
     assert "ray::Busy" in (s["trainer"], *s["others"])
 
 
+def test_ray_cpu_of_one_session_counts_its_processes_and_not_another_rays():
+    """With a session, only that Ray's processes are counted (those naming the session and what they start),
+    so a busier Ray beside it (another search on the machine) is neither counted nor taken for the trainer."""
+    import subprocess
+    import sys
+
+    from raysent.bench.overhead import RayCpu
+
+    busy = "import time\nt = time.time()\nwhile time.time() - t < 1.0: pass\ntime.sleep(0.5)"
+    child = f"import subprocess, sys; subprocess.run(['ray::Mine', '-c', {busy!r}], executable=sys.executable)"
+    with RayCpu(interval=0.1, session="session_raysent_test_1") as cpu:
+        # the session's root (a raylet names its session on its command line) and a worker it starts
+        root = subprocess.Popen([sys.executable, "-c", child, "--session-name=session_raysent_test_1"])
+        other = subprocess.Popen(["ray::Other", "-c", busy + "\ntime.sleep(0.5)"], executable=sys.executable)
+        root.wait()
+        other.wait()
+    names = {name for name, _ in cpu.last.values()}
+    assert "ray::Mine" in names and "ray::Other" not in names
+    assert root.pid in cpu.last and other.pid not in cpu.last
+    assert cpu.summary()["trainer"] == "ray::Mine"
+
+
 def test_bench_options_are_checked():
     with pytest.raises(RaysentError, match="--parts: unknown part"):
         BenchOptions(parts=["training", "speed"]).check()
