@@ -610,7 +610,7 @@ def advice(rows, best, labels, strategies, names, saved) -> list[str]:
     for s, base, ratio, same, n in saved:  # what pruning_comparison measured
         lines.append(f"- **{labels[s]}** trained {ratio:.0%} of {labels[base]}'s optimizer steps (median) and picked "
                      f"the same configuration in {same} of {n} searches: " +
-                     ("where steps are the budget, it saves about a quarter or more at this size." if ratio <= 0.8 else
+                     (f"where steps are the budget, it saves {1 - ratio:.0%} of them at this size." if ratio <= 0.8 else
                       "at 2 seeds and 40 steps it can stop little (its p-value needs several paired evaluations), so "
                       "it saves little here; it has more to stop with more seeds or evaluations."))
     lines += ["- **Too thin to say**: any ranking of TPE, GP and random beyond the first configurations, anything "
