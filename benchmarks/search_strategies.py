@@ -378,7 +378,11 @@ def render(study: Study, path: Path, sel: Selection, data: dict, doc: Path) -> t
         "configuration: searches that pick the same one share it)."
         + (f" In the file but not run (`run: false`, for the time: `--dry-run` gives its cost): {', '.join(left)}."
            if left else "")
-        + (f" Repeats of the file not run, for the time (`--repeats`): {skipped}." if skipped else ""), "",
+        + (f" Repeats of the file not run, for the time (`--repeats`): {skipped}." if skipped else "")
+        + "".join(f" {m}: {'repeat' if len(reps) == 1 else 'repeats'} {reps} only, for the time (the same command "
+                  "continues it)." for m, reps in _repeats_run(ran, rows).items() if reps != study.repeats)
+        + "".join(f" {m.name}: no search finished yet." for m in ran
+                  if rows and m.name not in _repeats_run(ran, rows)), "",
         "| strategy | search.algorithm | early stopping | other settings |", "| --- | --- | --- | --- |"]
     for s in study.strategies:
         st = s.set
@@ -396,7 +400,7 @@ def render(study: Study, path: Path, sel: Selection, data: dict, doc: Path) -> t
               f"searches, search phases at most {p['search phase hours (upper bound: early stopping trains less)']} h, "
               f"{p['final phases']}; **{p['estimated wall hours']} hours** in all, likely "
               f"{p['likely wall hours'].replace(' (', ' h (', 1)}.", ""]
-    lines += what_it_can_show(study, ran)
+    lines += what_it_can_show(study, ran, rows)
     if not rows:
         lines += ["## Results", "", "Not run yet: no search of this study has finished under "
                   f"`{results_dir(study, sel)}/`. Run the commands above; this page is then written from the records.",
@@ -407,19 +411,29 @@ def render(study: Study, path: Path, sel: Selection, data: dict, doc: Path) -> t
     return "\n".join(lines), plots
 
 
-def what_it_can_show(study: Study, methods: list[Method]) -> list[str]:
-    units = len(methods) * len(study.repeats)
+def _repeats_run(methods: list[Method], rows: list[dict]) -> dict[str, list[int]]:
+    """The repeats with a finished search, per method that has any."""
+    out = {m.name: sorted({r["repeat"] for r in rows if r["method"] == m.name}) for m in methods}
+    return {m: reps for m, reps in out.items() if reps}
+
+
+def what_it_can_show(study: Study, methods: list[Method], rows: list[dict] | None = None) -> list[str]:
+    """What the size can show: counted from the finished searches where there are any, else from the plan."""
+    reps = _repeats_run(methods, rows or []) or {m.name: list(study.repeats) for m in methods}
+    units = sum(len(r) for r in reps.values())
+    most = max(len(r) for r in reps.values()) if reps else 0
+    shape = (f"{len(reps)} methods × {len(study.repeats)} repeats" if all(len(r) == len(study.repeats)
+             for r in reps.values()) else " + ".join(f"{m} {len(r)}" for m, r in reps.items()))
     p_min = 2 / 2 ** units if units else float("nan")
     return ["## What this size can show, and what it cannot", "",
-            f"- Each strategy has {units} searches ({len(methods)} methods × {len(study.repeats)} repeats); two "
+            f"- Each strategy has {units} searches ({shape}); two "
             f"strategies are compared paired over those {units} (same method, same sampler seed) with Wilcoxon's "
             f"signed-rank test, whose smallest two-sided p over {units} pairs is {p_min:.3g}"
             + (f" (so only a difference in the same direction in all {units} pairs reaches p < 0.05)"
                if p_min < 0.05 <= 2 / 2 ** (units - 1) else "")
             + ". A difference is called only where p < 0.05; everywhere else the page says the evidence is too thin.",
-            f"- Within one method there are {len(study.repeats)} repeats: no per-method difference can reach p < 0.05 "
-            f"(the smallest p over {len(study.repeats)} pairs is {2 / 2 ** len(study.repeats):.3g}); per-method rows "
-            "are descriptive.",
+            f"- Within one method there are at most {most} repeats: no per-method difference can reach p < 0.05 "
+            f"(the smallest p over {most} pairs is {2 / 2 ** most:.3g}); per-method rows are descriptive.",
             f"- {study.set.get('search.num_samples')} configurations per search: the budget curves stop there; what "
             "happens beyond (the regime of 20-50 trials where TPE and GP are usually said to pay off) is not measured.",
             "- One model (4 layers), one budget of 40 steps, one dev set: a strategy that wins here may lose on "
@@ -474,7 +488,9 @@ def results_sections(study, rows, best, labels, strategies, plots, doc) -> list[
     lines += ["", "Expected best of n: relative to the best any search of the method found (0 is that best). "
               "Flattened: the search's own verdict (its last configuration's expected gain below the seed noise).", ""]
     # per method and strategy
-    lines += [f"### Per method (descriptive: {len(study.repeats)} repeats cannot separate strategies)", "",
+    most = max(len({r["repeat"] for r in rows if r["method"] == m.name}) for m in study.methods
+               if any(r["method"] == m.name for r in rows))
+    lines += [f"### Per method (descriptive: {most} repeats cannot separate strategies)", "",
               "| method | strategy | picks (config: dev) | steps | final test Avg ± std (seeds) per pick |",
               "| --- | --- | --- | ---: | --- |"]
     for m in study.methods:

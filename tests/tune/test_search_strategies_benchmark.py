@@ -88,3 +88,21 @@ def test_the_report_is_computed_from_the_records(tmp_path):
     assert (tmp_path / "study.json").is_file() and (tmp_path / "search-strategies-supcon.png").is_file()
     saved = json.loads((tmp_path / "study.json").read_text())
     assert saved["best_found"] == {"supcon": 55.0} and len(saved["searches"]) == 2
+
+
+def test_the_report_counts_the_repeats_each_method_finished(tmp_path):
+    """A method with fewer finished repeats than the others (a study continued later) is counted as it ran: the
+    page says which repeats it has, the paired counts add up per method, and a method with none says so."""
+    sel = ss.Selection(methods=["supcon", "simcse-sup", "consert-joint-unsup"], repeats=[0, 1],
+                       strategies=["random"], results_dir=str(tmp_path))
+    runs = {"a": [49.0, 51.0], "b": [54.0, 56.0]}
+    for name in ("supcon-random-r0", "supcon-random-r1", "simcse-sup-random-r0"):
+        _fake_search(tmp_path, name, [50.0, 55.0], [80, 80], "b", 55.0, runs)
+    out = tmp_path / "report.md"
+    ss.report(STUDY, sel, out)
+    text = out.read_text()
+    assert "simcse-sup: repeat [0] only, for the time (the same command continues it)." in text
+    assert "supcon: repeat" not in text and "consert-joint-unsup: no search finished yet." in text
+    assert "- Each strategy has 3 searches (supcon 2 + simcse-sup 1); " in text
+    assert "smallest two-sided p over 3 pairs is 0.25" in text and "at most 2 repeats" in text
+    assert "### Per method (descriptive: 2 repeats cannot separate strategies)" in text
