@@ -17,8 +17,8 @@ Best configuration (:func:`choose_best`)
     configuration a run in MLflow.
 Final phase (:func:`run_final`)
     The best configuration on every seed of ``seeds``, evaluated on the test sets (``eval.tasks``); when it
-    is not the warm-start configuration, that one too, on the same seeds, compared paired by seed
-    (:func:`versus_paper`).
+    is not the warm-start configuration, that one too, on the same seeds and in the same Tune run (both arms'
+    seeds train at once where there is room), compared paired by seed (:func:`versus_paper`).
 Publish (:mod:`raysent.tune.publish`)
     The table, model cards and MLflow: outcome, model, registry.
 
@@ -224,21 +224,24 @@ def choose_best(cfg: ExperimentConfig, exp: Path, run: str, failed: list[FailedT
     return best
 
 
-def run_final(cfg: ExperimentConfig, exp: Path, state: SearchState, hp: dict, mlflow: MlflowTarget | None,
-              resume: bool, say: Say, arm: str = "") -> ArmOutcome:
-    """The final phase of the configuration ``hp``: every seed, evaluated on the test sets (``arm`` "paper": the
-    warm-start configuration, compared with the winner, in its own Tune run and folders)."""
+def run_final(cfg: ExperimentConfig, exp: Path, state: SearchState, arms: dict[str, dict], mlflow: MlflowTarget | None,
+              resume: bool, say: Say) -> dict[str, ArmOutcome]:
+    """The final phase: each arm's configuration (``arms``: "" the searched best, "paper" the warm-start
+    configuration it is compared with) on every seed, evaluated on the test sets, all in one Tune run, so that on
+    a cluster both arms' seeds train at once and a phase start is paid once. Returns each arm's outcome."""
     from ray import tune
     from ray.tune import RunConfig, TuneConfig, Tuner
 
-    final_cfg = with_overrides(cfg, hp) if hp else cfg
-    cid = config_id(hp)
-    ctx = _context(final_cfg, exp, state, "final", mlflow, hp=hp, arm=arm)
+    seeds = list(cfg.seeds)
+    ctx = _context(cfg, exp, state, "final", mlflow, arms=arms)
     trainable = _trainable(cfg, ctx)
-    storage, name = tune_storage(cfg, exp), f"final-{arm + '-' if arm else ''}{state.run}"
-    arm_name = {"paper": "the paper's setting", "file": "the file's setting"}[warm_source(cfg)] if arm else ""
-    say(f"final phase{' (' + arm_name + ')' if arm else ''}: {hp or 'the configuration as given'} on seeds {cfg.seeds}")
-    param_space = {"seed": tune.grid_search(list(cfg.seeds))}
+    storage, name = tune_storage(cfg, exp), final_run_name(arms, state.run)
+    for arm, hp in arms.items():
+        label = f" ({_ARM_NAMES[warm_source(cfg)]}, to compare)" if arm else ""
+        say(f"final phase{label}: {hp or 'the configuration as given'} on seeds {seeds}")
+    # a trial per (arm, seed); with one arm the space is the seeds alone, as before there were two arms
+    param_space = {**({"arm": tune.grid_search(list(arms))} if len(arms) > 1 else {}),
+                   "seed": tune.grid_search(seeds)}
     concurrent = cfg.search.max_concurrent_trials if cfg.search else 1
     if resume and Tuner.can_restore(f"{storage.rstrip('/')}/{name}"):
         tuner = Tuner.restore(f"{storage.rstrip('/')}/{name}", trainable=trainable, resume_errored=False,
@@ -247,25 +250,40 @@ def run_final(cfg: ExperimentConfig, exp: Path, state: SearchState, hp: dict, ml
         tuner = Tuner(trainable, param_space=param_space,
                       tune_config=TuneConfig(num_samples=1, max_concurrent_trials=concurrent,
                                              reuse_actors=reuse_trial_processes(cfg),
-                                             trial_name_creator=TrialNamer(cfg, "final", hp),
+                                             trial_name_creator=TrialNamer(cfg, "final", arms),
                                              trial_dirname_creator=trial_dirname),
                       run_config=RunConfig(name=name, storage_path=storage,
                                            failure_config=tune.FailureConfig(max_failures=0),
                                            verbose=_tune_verbosity(say)))
     results = results_of(_fit(tuner, say))
     write_sent_records([r.metrics or {} for r in results], exp, mlflow)
-    check_complete(results, len(cfg.seeds), cfg, "final phase")
-    errors = [str(r.error).strip().splitlines()[-1][:500] for r in results if r.error is not None]
-    recs = [r for r in records(exp, "final", state.run) if r.config_id == cid]
-    if not recs:
-        raise RaysentError(f"final phase: no run finished; errors: {errors}")
-    outcome = arm_outcome(recs, list(cfg.seeds), errors)
-    if mlflow:
-        flat = {**{f"{k}_mean": v.mean for k, v in outcome.scores.items()},
-                **{f"{k}_std": v.std for k, v in outcome.scores.items()}}
-        log_configuration(mlflow.uri, mlflow.experiment_id, final_cfg, "final", hp, cid, flat,
-                          [r.mlflow_run_id for r in recs if r.mlflow_run_id], mlflow.parent, [r.seed for r in recs])
-    return outcome
+    check_complete(results, len(arms) * len(seeds), cfg, "final phase")
+    final_recs = records(exp, "final", state.run)
+    outcomes = {}
+    for arm, hp in arms.items():
+        errors = [str(r.error).strip().splitlines()[-1][:500] for r in results
+                  if r.error is not None and str((r.config or {}).get("arm", "")) == arm]
+        cid = config_id(hp)
+        recs = [r for r in final_recs if r.config_id == cid]
+        if not recs:
+            raise RaysentError(f"final phase{' (' + arm + ' arm)' if arm else ''}: no run finished; errors: {errors}")
+        outcomes[arm] = outcome = arm_outcome(recs, seeds, errors)
+        if mlflow:
+            flat = {**{f"{k}_mean": v.mean for k, v in outcome.scores.items()},
+                    **{f"{k}_std": v.std for k, v in outcome.scores.items()}}
+            log_configuration(mlflow.uri, mlflow.experiment_id, with_overrides(cfg, hp) if hp else cfg, "final", hp,
+                              cid, flat, [r.mlflow_run_id for r in recs if r.mlflow_run_id], mlflow.parent,
+                              [r.seed for r in recs])
+    return outcomes
+
+
+_ARM_NAMES = {"paper": "the paper's setting", "file": "the file's setting"}
+
+
+def final_run_name(arms: dict[str, dict], run: str) -> str:
+    """The final phase's Tune run: ``final-<run>``, both arms in it; ``final-paper-<run>`` for the warm-start arm
+    alone, which a search an earlier raysent ran (its two arms one after the other) can have left to do."""
+    return f"final-{'paper-' if '' not in arms else ''}{run}"
 
 
 def versus_paper(exp: Path, run: str, paper_cid: str, best_cid: str) -> Comparison:
@@ -406,18 +424,29 @@ def _phases(cfg: ExperimentConfig, plan: SearchPlan, exp: Path, state: SearchSta
     if state.phase == "final" and not search_only:
         if state.best is None:  # --final-only: the configuration as given
             state.best = Best(config_id=config_id({}))
-        state.final = run_final(cfg, exp, state, state.best.hp, mlflow, resume, say)
-        again = paper_arm and plan.warm is not None and config_id(plan.warm) != state.best.config_id
-        state.phase = "paper" if again else "publish"
-        state.save(exp)
-    if state.phase == "paper":  # the warm-start configuration on the same seeds, to compare
-        warm = plan.warm or {}
-        state.warm_source = warm_source(cfg)  # "paper", or "file" when the file set its own values
-        state.paper = run_final(cfg, exp, state, warm, mlflow, resume, say, arm="paper")
-        assert state.best is not None
-        state.vs_paper = versus_paper(exp, state.run, config_id(warm), state.best.config_id)
+        arms = {"": state.best.hp}
+        if paper_arm and plan.warm is not None and config_id(plan.warm) != state.best.config_id:
+            arms["paper"] = plan.warm  # the warm-start configuration on the same seeds, to compare
+        outcomes = run_final(cfg, exp, state, arms, mlflow, resume, say)
+        state.final = outcomes[""]
+        if "paper" in outcomes:
+            _compare_with_warm(cfg, exp, state, plan, outcomes["paper"])
         state.phase = "publish"
         state.save(exp)
+    if state.phase == "paper":  # --resume of a search an earlier raysent left between its two final phases
+        _compare_with_warm(cfg, exp, state, plan,
+                           run_final(cfg, exp, state, {"paper": plan.warm or {}}, mlflow, resume, say)["paper"])
+        state.phase = "publish"
+        state.save(exp)
+
+
+def _compare_with_warm(cfg: ExperimentConfig, exp: Path, state: SearchState, plan: SearchPlan,
+                       outcome: ArmOutcome) -> None:
+    """The warm-start arm's outcome in the state, and the searched best compared with it, paired by seed."""
+    assert state.best is not None
+    state.warm_source = warm_source(cfg)  # "paper", or "file" when the file set its own values
+    state.paper = outcome
+    state.vs_paper = versus_paper(exp, state.run, config_id(plan.warm or {}), state.best.config_id)
 
 
 def _finish(cfg: ExperimentConfig, exp: Path, state: SearchState, mlflow: MlflowTarget | None, wall: float,

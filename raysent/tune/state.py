@@ -22,6 +22,8 @@ from raysent.report.compare import Paired
 
 STATE_FILE = "state.json"
 SUMMARY_FILE = "summary.json"
+# "final" runs the searched best and the warm-start arm together; "paper" (the warm-start arm alone, after the
+# searched best's seeds) is where a search an earlier raysent ran could stop, kept so that --resume continues it
 Phase = Literal["search", "final", "paper", "publish", "done"]
 
 

@@ -64,8 +64,10 @@ class TrialContext(BaseModel):
     metric: str  # what the trial reports to the searcher
     mlflow: MlflowTarget | None = None
     env: dict[str, str] = {}  # RAYSENT_DATA_DIR & co. as the driver resolved them
-    hp: dict[str, Any] = {}  # the final phase's configuration
-    arm: str = ""  # the final phase's second arm ("paper": search.warm_start's comparison), in its folder names
+    # the final phase's configurations by arm, run together in one Tune run: "" the searched best (or the
+    # configuration as given), "paper" search.warm_start's comparison (its folders are named after it); a trial's
+    # Tune config names its arm (``arm``; absent: "")
+    arms: dict[str, dict[str, Any]] = {}
     driver_node: str | None = None  # the Ray node of the search's driver (its disk holds results/)
 
     @property
@@ -132,9 +134,9 @@ class TrialNamer:
     console table as in MLflow, instead of ``run_trial_7eddca46``. Its folder keeps Tune's id
     (:func:`trial_dirname`)."""
 
-    def __init__(self, cfg: ExperimentConfig, phase: str, hp: dict | None = None):
+    def __init__(self, cfg: ExperimentConfig, phase: str, arms: dict[str, dict] | None = None):
         self.space = cfg.search.space if cfg.search else {}
-        self.seeds, self.seed, self.phase, self.hp = list(cfg.seeds), cfg.train.seed, phase, dict(hp or {})
+        self.seeds, self.seed, self.phase, self.arms = list(cfg.seeds), cfg.train.seed, phase, dict(arms or {})
         self.together = search_seeds(cfg) if seeds_in_one_trial(cfg) else []
 
     def __call__(self, trial) -> str:
@@ -147,7 +149,7 @@ class TrialNamer:
             index = int(config.get("__trial_index__", config.get("seed_index", 0)))
             seed = self.seeds[index] if index < len(self.seeds) else self.seed + index
         else:
-            hp, seed = self.hp, int(config.get("seed", 0))
+            hp, seed = dict(self.arms.get(str(config.get("arm", "")), {})), int(config.get("seed", 0))
         return run_name(self.phase, hp, seed).split(": ", 1)[1]
 
 
@@ -170,8 +172,9 @@ def resolve_trial(config: dict, ctx: TrialContext, trial_id: str,
         else:
             folder = f"{trial_id}/seed{seed}"
     else:
-        hp, seed = dict(ctx.hp), int(config["seed"])
-        folder = f"{ctx.arm + '-' if ctx.arm else ''}seed{seed}"
+        arm = str(config.get("arm", ""))
+        hp, seed = dict(ctx.arms[arm]), int(config["seed"])
+        folder = f"{arm + '-' if arm else ''}seed{seed}"
     out = Path(ctx.exp_dir) / ctx.phase / ctx.run / folder
     cfg = with_overrides(base, {**hp, "train.seed": seed, "train.output_dir": str(out)})
     return hp, seed, config_id(hp), cfg

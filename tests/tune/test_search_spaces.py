@@ -267,7 +267,9 @@ def test_trials_are_named_by_what_differs():
                                  trial_id="7eddca46")
     assert TrialNamer(cfg, "search")(grid_trial) == "lr=0.0001 · seed 2"
     assert trial_dirname(grid_trial) == "run_trial_7eddca46"
-    assert TrialNamer(cfg, "final", {"lr": 3.0e-4})(SimpleNamespace(config={"seed": 1})) == "lr=0.0003 · seed 1"
+    assert TrialNamer(cfg, "final", {"": {"lr": 3.0e-4}})(SimpleNamespace(config={"seed": 1})) == "lr=0.0003 · seed 1"
+    arms = {"": {"lr": 3.0e-4}, "paper": {"lr": 1.0e-4}}
+    assert TrialNamer(cfg, "final", arms)(SimpleNamespace(config={"arm": "paper", "seed": 2})) == "lr=0.0001 · seed 2"
     assert TrialNamer(cfg, "final")(SimpleNamespace(config={"seed": 1})) == "defaults · seed 1"
     sg = load_config(REPO / "search_spaces" / "sgopt.yaml")
     repeat = {name: (e.values[0] if e.type == "choice" else e.low) for name, e in sg.search.space.items()}

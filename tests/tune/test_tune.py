@@ -329,6 +329,12 @@ def test_warm_start_tries_the_papers_setting_first_and_compares_the_best_with_it
     # lr 1e-4 lowers raw BERT's SICK-R dev over the first steps (ASHA_SEARCH above); 1e-9 keeps it: 1e-9 wins
     assert best_cid == config_id({"lr": 1.0e-9}) != paper_cid
     assert finals == {(best_cid, 1), (best_cid, 2), (paper_cid, 1), (paper_cid, 2)}
+    from ray.tune import ExperimentAnalysis
+
+    [final_run] = (exp / "tune").glob("final-*")  # both arms in one Tune run: a trial per (arm, seed)
+    assert final_run.name == f"final-{summary['search']}"
+    assert sorted((t.config.get("arm"), t.config["seed"]) for t in ExperimentAnalysis(str(final_run)).trials) == \
+        [("", 1), ("", 2), ("paper", 1), ("paper", 2)]
     vs = summary["vs_paper"]
     assert (vs["paper"], vs["searched"]) == (paper_cid, best_cid)
     runs = exp / "runs"
