@@ -218,7 +218,10 @@ def ray_cluster():
         # RAY_ADDRESS joined as it is
         cfg = parse_config({"name": "tests", "method": "simcse-unsup", "model": {"name": RAW_BERT}}, source="<tests>")
         # no dashboard: no test needs it, and two of them (one Ray per xdist worker) took ~70 CPU-seconds of a
-        # full test run (docs/testing.md)
+        # full test run (docs/testing.md). No idle worker processes kept ready and no metrics: an idle local Ray
+        # burnt 4.4 CPU-s a minute, 2.8 without them (2026-11-28), and each xdist worker holds one for the session
+        for knob in ("RAY_num_workers_soft_limit", "RAY_enable_metrics_collection"):
+            os.environ.setdefault(knob, "0")
         init_ray(cfg, log_to_driver=False, num_cpus=2, include_dashboard=False)
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
