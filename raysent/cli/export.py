@@ -55,6 +55,9 @@ def run(args) -> int:
         raise RaysentError(f"--max-length {args.max_length}: expected at least 2 tokens")
     out = Path(args.output)
     check_output(out)
+    from raysent.models.locate import refuse_unreadable_pooling
+
+    refuse_unreadable_pooling(args.model, args.pooling)  # from the model's files: cls without a trained pooler
 
     from raysent.methods.card import write_card
     from raysent.models.sentence_encoder import load

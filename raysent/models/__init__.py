@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-_FROM = {"Encoder": "raysent.models.encoder", "resolve_model": "raysent.models.encoder",
+_FROM = {"Encoder": "raysent.models.encoder", "resolve_model": "raysent.models.locate",
          "BASE_POOLINGS": "raysent.models.pooling", "inference_pooling": "raysent.models.pooling",
          "is_valid_pooling": "raysent.models.pooling", "pool": "raysent.models.pooling"}
 

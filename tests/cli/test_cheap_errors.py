@@ -1,14 +1,16 @@
 """Errors in the command line or the experiment file come back before torch, Ray or MLflow is imported: a
-missing, empty or malformed file, a bad --set, a bad --pooling. The cases run one after the other in one fresh
-interpreter (one start, not one per case), which notes after each what it has imported: the test asserts on that,
-not on seconds (the CLI imported torch through raysent.api before it looked at the file, 3-4 s for a file that
-does not exist)."""
+missing, empty or malformed file, a bad --set, a bad --pooling, a pooling the model has no weights for. The cases
+run one after the other in one fresh interpreter (one start, not one per case), which notes after each what it has
+imported: the test asserts on that, not on seconds (the CLI imported torch through raysent.api before it looked at
+the file, 3-4 s for a file that does not exist)."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+
+import pytest
 
 HEAVY = ("torch", "ray", "mlflow", "transformers", "optuna", "sentence_transformers")
 PROBE = f"""\
@@ -37,9 +39,16 @@ CASES = {
     "bad --pooling": (["export", "raw-bert-mini-mlm", "out", "--pooling", "avg"], "unknown --pooling 'avg'; allowed:"),
     "bad --max-length": (["export", "raw-bert-mini-mlm", "out", "--max-length", "1"], "--max-length 1: expected"),
     "export onto a file": (["export", "raw-bert-mini-mlm", "empty.yaml"], "empty.yaml is a file"),
+    # read from the checkpoint's safetensors header and the folder (raysent.models.locate): 0.45 s, where loading
+    # the model to find out took 7.7 s, 7 of them importing torch and transformers
+    "cls, no trained pooler": (["export", "raw-bert-mini-mlm", "out", "--pooling", "cls"],
+                               "has no trained pooler weights; use 'cls_before_pooler'"),
+    "layeratt, no pooler": (["export", "raw-bert-mini-mlm", "out", "--pooling", "layeratt"],
+                            "needs the trained layer-wise attention pooler that the layeratt method saves"),
 }
 
 
+@pytest.mark.shared  # raw-bert-mini-mlm's files
 def test_cheap_errors_are_one_line_before_torch_ray_or_mlflow(tmp_path):
     (tmp_path / "empty.yaml").write_text("")
     (tmp_path / "syntax.yaml").write_text("name: x\nmethod: [simcse-unsup\n")
