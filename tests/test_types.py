@@ -35,7 +35,7 @@ def test_every_type_ignore_names_its_error_and_says_why():
 
 @pytest.mark.slow
 def test_the_whole_package_type_checks():
-    """~20 s cold on 2 cores (mypy's cache under .mypy_cache makes a second run a few seconds)."""
+    """43 s cold on 2 idle cores, 4 s warm (mypy's cache under .mypy_cache), 2026-11-28."""
     pytest.importorskip("mypy")
     proc = subprocess.run([sys.executable, "-m", "mypy"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-2000:]
