@@ -514,6 +514,11 @@ class ExperimentConfig(Strict):
 
 
 # --------------------------------------------------------------------------- loading
+# The registered methods' names in `raysent methods`' order, without importing the methods (each imports torch), so
+# that a file without a method or with an unknown one is refused before torch loads. raysent.methods.METHODS is built
+# from the classes; tests/methods/test_method_names.py checks the two agree.
+METHOD_NAMES: tuple[str, ...] = ("simcse-unsup", "simcse-sup", "sg", "sg-opt", "consert", "layeratt", "supcon",
+                                 "sbert-nli", "baseline")
 GLOBAL_DEFAULTS_NOTE = "raysent default"
 
 
@@ -598,21 +603,22 @@ def parse_config(raw: dict, source: str = "<config>", root: yaml.Node | None = N
 
     ``check_search=False`` skips validating each search-space value (done once when loading).
     """
-    from raysent.methods import METHODS, get_method
-
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: the top level must be a mapping of the parts "
                           f"{', '.join(ExperimentConfig.model_fields)}, got {type(raw).__name__}")
     raw = copy.deepcopy(raw)
     method_name = raw.get("method")
     method_cls = None
-    if method_name is None:
+    if method_name is None:  # said before the methods (and torch) are imported
         line = _node_line(root, ())
-        raise ConfigError(f"{source}{f':{line}' if line else ''}: 'method' is missing; allowed: {', '.join(METHODS)}")
-    if not isinstance(method_name, str) or method_name not in METHODS:
+        raise ConfigError(f"{source}{f':{line}' if line else ''}: 'method' is missing; allowed: "
+                          f"{', '.join(METHOD_NAMES)}")
+    if not isinstance(method_name, str) or method_name not in METHOD_NAMES:
         line = _node_line(root, ("method",))
         raise ConfigError(f"{source}{f':{line}' if line else ''}: method: got {_fmt_value(method_name)}: unknown "
-                          f"method{did_you_mean(str(method_name), METHODS)}; allowed: {', '.join(METHODS)}")
+                          f"method{did_you_mean(str(method_name), METHOD_NAMES)}; allowed: {', '.join(METHOD_NAMES)}")
+    from raysent.methods import get_method
+
     method_cls = get_method(method_name)
 
     # The method's paper defaults under the user's values.

@@ -1,5 +1,5 @@
 """Errors in the command line or the experiment file come back before torch, Ray or MLflow is imported: a
-missing, empty or malformed file, a bad --set, a bad --pooling, a pooling the model has no weights for. The cases
+missing, empty or malformed file, a bad --set, a bad --pooling, a pooling the model has no weights for, a missing or unknown method. The cases
 run one after the other in one fresh interpreter (one start, not one per case), which notes after each what it has
 imported: the test asserts on that, not on seconds (the CLI imported torch through raysent.api before it looked at
 the file, 3-4 s for a file that does not exist)."""
@@ -34,6 +34,9 @@ CASES = {
     "YAML syntax": (["tune", "syntax.yaml"], "syntax.yaml:3: not valid YAML"),
     "a tab": (["train", "tab.yaml"], "tab.yaml:2: not valid YAML: found character '\\t'"),
     "a key twice": (["tune", "twice.yaml", "--dry-run"], "twice.yaml:3: name: the key 'name' is given twice"),
+    "an unknown method": (["tune", "typo.yaml"], "typo.yaml:2: method: got 'simcse-unsupp': unknown method (did you "
+                          "mean 'simcse-unsup'?); allowed: simcse-unsup, simcse-sup, sg, sg-opt"),
+    "no method": (["train", "nomethod.yaml"], "nomethod.yaml:1: 'method' is missing; allowed: simcse-unsup"),
     "no file named": (["tune"], "give the experiment YAML"),
     "bad --set": (["tune", "missing.yaml", "--set", "lr"], "--set 'lr': expected KEY=VALUE"),
     "bad --pooling": (["export", "raw-bert-mini-mlm", "out", "--pooling", "avg"], "unknown --pooling 'avg'; allowed:"),
@@ -54,6 +57,8 @@ def test_cheap_errors_are_one_line_before_torch_ray_or_mlflow(tmp_path):
     (tmp_path / "syntax.yaml").write_text("name: x\nmethod: [simcse-unsup\n")
     (tmp_path / "tab.yaml").write_text("name: x\n\tmethod: simcse-unsup\n")
     (tmp_path / "twice.yaml").write_text("name: x\nmethod: simcse-unsup\nname: y\n")
+    (tmp_path / "typo.yaml").write_text("name: x\nmethod: simcse-unsupp\n")
+    (tmp_path / "nomethod.yaml").write_text("name: x\nmodel: {name: raw-bert-mini-mlm}\n")
     argvs = [argv for argv, _ in CASES.values()] + [["--help"], ["export", "--help"]]
     proc = subprocess.run([sys.executable, "-c", PROBE, json.dumps(argvs)], capture_output=True, text=True,
                           cwd=tmp_path, timeout=120)
