@@ -33,7 +33,15 @@ from torch import nn
 from raysent.errors import ModelError
 from raysent.models.chunked import GradCache, hidden_states
 from raysent.models.heads import LayerAttentionPooler
-from raysent.models.locate import HEAD_FILES, RAYSENT_META, WEIGHT_FILES, fix, resolve_model
+from raysent.models.locate import (
+    HEAD_FILES,
+    RAYSENT_META,
+    WEIGHT_FILES,
+    fix,
+    no_layeratt_pooler,
+    no_trained_pooler,
+    resolve_model,
+)
 from raysent.models.pooling import inference_pooling, pool, uses_mlp
 from raysent.models.st_export import write_sentence_transformers
 
@@ -274,15 +282,11 @@ class Encoder(nn.Module):
         if pooling == "layeratt" and mlp is None:
             mlp = self.head
             if mlp is None:
-                raise ModelError(f"pooling 'layeratt' needs the trained pooler that the layeratt method saves; "
-                                 f"{self.source} has none")
+                raise no_layeratt_pooler(self.source)
         if uses_mlp(pooling, training=False) and mlp is None:
             mlp = self.pooler_mlp()
             if mlp is None:
-                raise ModelError(
-                    f"pooling 'cls' uses the model's pooler (dense+tanh on [CLS]), but {self.source} has no "
-                    "trained pooler weights; use 'cls_before_pooler', or a model trained with 'cls' pooling"
-                )
+                raise no_trained_pooler(pooling, self.source)
         return pool(pooling, hs, batch["attention_mask"], mlp=mlp, training=False)
 
     # ----------------------------------------------------------------- saving
@@ -304,8 +308,7 @@ class Encoder(nn.Module):
         if infer == "layeratt" and mlp is None:
             raise ModelError("pooling 'layeratt' is saved with its trained pooler; none was given")
         if infer == "cls" and mlp is None and self.pooler_mlp() is None:
-            raise ModelError(f"pooling 'cls' reads [CLS] through the trained dense+tanh MLP, and {self.source} has "
-                             "none (no trained pooler); use 'cls_before_pooler', or a model trained with 'cls'")
+            raise no_trained_pooler(infer, self.source)
         path.mkdir(parents=True, exist_ok=True)
         if infer != "layeratt" and uses_mlp(infer, training=False) and mlp is not None and mlp is not pooler:
             if pooler is None or not hasattr(pooler, "dense"):

@@ -11,6 +11,7 @@ import struct
 from pathlib import Path
 
 from raysent.errors import ModelError, advice
+from raysent.models.pooling import BASE_POOLINGS, inference_pooling, uses_mlp
 
 RAYSENT_META = "raysent.json"
 # a trained pooling head that is not part of the HF model (layeratt's): the weights of the sentence-transformers
@@ -99,8 +100,6 @@ def refuse_unreadable_pooling(name: str, pooling: str | None) -> None:
     trained pooler, ``layeratt`` without the pooler the layeratt method saves. The same refusals as loading the
     model gives (:class:`raysent.models.encoder.Encoder`), in milliseconds instead of the seconds of importing
     torch and transformers; anything the files cannot tell is left to the load."""
-    from raysent.models.pooling import inference_pooling, uses_mlp
-
     if pooling is None:
         return
     where, _ = resolve_model(name)
@@ -115,8 +114,6 @@ def refuse_unreadable_pooling(name: str, pooling: str | None) -> None:
 
 
 def no_layeratt_pooler(source: str) -> ModelError:
-    from raysent.models.pooling import BASE_POOLINGS
-
     return ModelError(f"pooling 'layeratt' needs the trained layer-wise attention pooler that the layeratt method "
                       f"saves with its models; {source} has none. Give a model the layeratt method trained, or another "
                       f"pooling ({', '.join(BASE_POOLINGS)}, layer<K>_<cls|mean|max>)")

@@ -42,6 +42,7 @@ import torch
 from torch import nn
 
 from raysent.errors import ModelError
+from raysent.models.locate import no_trained_pooler
 
 # Lazy imports: safetensors, transformers (heavy, and only the functions that need them import them).
 
@@ -159,8 +160,7 @@ def write_sentence_transformers(path: str | Path, pooling: str, hidden: int, num
                         {"embedding_dimension": hidden, "pooling_mode": mode, "include_prompt": True}, {}))
         if pooling == "cls":
             if dense is None:
-                raise ModelError("pooling 'cls' reads [CLS] through the trained dense+tanh MLP, and this model has "
-                                 "none (no trained pooler); use 'cls_before_pooler', or a model trained with 'cls'")
+                raise no_trained_pooler(pooling, "this model")
             modules.append((f"{len(modules) + 1}_Dense", DENSE_TYPE,
                             {"in_features": dense.in_features, "out_features": dense.out_features, "bias": True,
                              "activation_function": "torch.nn.modules.activation.Tanh",
