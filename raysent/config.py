@@ -84,6 +84,9 @@ class TrainConfig(Strict):
     max_length: int = Field(32, gt=1, description="max tokens per training sentence")
     eval_every: int = Field(125, gt=0, description="evaluate the dev sets every N steps (and at the end)")
     eval_at_start: bool = Field(True, description="evaluate the untuned model at step 0")
+    eval_at_start_cache: bool = Field(True, description="reuse the step-0 dev scores an earlier run computed for the "
+                                      "same weights, pooling and dev sets (under RAYSENT_CACHE_DIR, default "
+                                      "~/.cache/raysent; raysent.train.initial_dev)")
     patience: int | None = Field(None, gt=0, description="stop after N evaluations without a new best")
     seed: int = 42
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
@@ -790,7 +793,7 @@ def load_config(path: str | os.PathLike, overrides: dict | None = None) -> Exper
 
 # --------------------------------------------------------------------------- hyperparameters
 _HP_SECTIONS = ("train", "params", "model")
-_NOT_HYPERPARAMETERS = {"name", "output_dir", "log_every", "eval_at_start"}
+_NOT_HYPERPARAMETERS = {"name", "output_dir", "log_every", "eval_at_start", "eval_at_start_cache"}
 
 
 def hyperparameter_names(cfg: ExperimentConfig) -> set[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -30,6 +31,12 @@ _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _WORKERS > 1:
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))
 
+# The untuned model's dev scores (raysent.train.initial_dev) are shared by this run's tests through one cache folder,
+# made by the first process (xdist's controller, whose workers and their Ray inherit it) and removed at its end: a
+# run never reads what an earlier run (older code, another user's cache) stored.
+if "PYTEST_XDIST_WORKER" not in os.environ:
+    os.environ["RAYSENT_CACHE_DIR"] = tempfile.mkdtemp(prefix="raysent-test-cache-")
+
 RAW_BERT = "raw-bert-mini-mlm"  # 4-layer MLM-only BERT: a raw starting point
 PARAPHRASE = "paraphrase-MiniLM-L3-v2"
 
@@ -38,9 +45,26 @@ SHARED_MISSING = [f"{var}={os.environ[var]}" for var in ("RAYSENT_DATA_DIR", "RA
                   if not Path(os.environ[var]).is_dir()]
 
 
+# --------------------------------------------------------------------------- the longest files first
+# xdist (--dist loadfile) hands whole files to its two workers in the collection's order (pyproject's addopts turn
+# off its own reordering by test count, which put the 409 s test_tune.py, 4 tests, after 28 files): the files the
+# last whole-suite run measured longest go first, so that neither worker is left with a long file at the end. On
+# 2026-11-28 the two workers ended 172 s apart in that order (1,342 s and 1,514 s). A file missing from
+# durations.json goes last. RAYSENT_TEST_DURATIONS=PATH writes the measured seconds per file at the end of a run;
+# copy that file to tests/durations.json after a whole-suite run on idle cores.
+DURATIONS = Path(__file__).parent / "durations.json"
+_SECONDS: dict[str, float] = json.loads(DURATIONS.read_text())["seconds"] if DURATIONS.is_file() else {}
+
+
+def _file_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
 def pytest_collection_modifyitems(config, items):
-    """Without ../shared, the tests marked ``shared`` (real data or models) are skipped, saying why; the others
-    (losses, poolings on a tiny random BERT, schemas, reports, the layer check) still run."""
+    """The longest files first (above). Without ../shared, the tests marked ``shared`` (real data or models) are
+    skipped, saying why; the others (losses, poolings on a tiny random BERT, schemas, reports, the layer check)
+    still run."""
+    items.sort(key=lambda item: -_SECONDS.get(_file_of(item.nodeid), 0.0))  # stable: a file's own order stays
     if not SHARED_MISSING:
         return
     skip = pytest.mark.skip(reason=f"needs ../shared: {', '.join(SHARED_MISSING)} is not a folder")
@@ -248,3 +272,22 @@ search:
     path = tmp_path / f"{name}.yaml"
     path.write_text(text)
     return str(path)
+
+
+_measured: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    if os.environ.get("RAYSENT_TEST_DURATIONS"):
+        _measured[_file_of(report.nodeid)] = _measured.get(_file_of(report.nodeid), 0.0) + report.duration
+
+
+def pytest_sessionfinish(session):
+    """RAYSENT_TEST_DURATIONS=PATH: the seconds per file of this run, in tests/durations.json's form (written by the
+    xdist controller, which sees every worker's reports)."""
+    if not hasattr(session.config, "workerinput"):
+        shutil.rmtree(os.environ["RAYSENT_CACHE_DIR"], ignore_errors=True)
+    out = os.environ.get("RAYSENT_TEST_DURATIONS")
+    if out and _measured and not hasattr(session.config, "workerinput"):
+        Path(out).write_text(json.dumps({"measured": "seconds per file, setup to teardown", "seconds": dict(
+            sorted(((k, round(v, 1)) for k, v in _measured.items()), key=lambda kv: -kv[1]))}, indent=1) + "\n")

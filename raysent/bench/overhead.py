@@ -199,7 +199,9 @@ def bench_overhead(raw_config: dict, steps: int, cpus: float, trials: int = 2, s
 
     root = Path(tempfile.mkdtemp(prefix="raysent-bench-overhead-"))
     base = parse_config(raw_config, source="<raysent bench>")
-    base = with_overrides(base, {"train.max_steps": steps, "tracking.enabled": False})
+    # every way evaluates the untuned model itself: a score the first way stored would make the later ways cheaper
+    base = with_overrides(base, {"train.max_steps": steps, "tracking.enabled": False,
+                                 "train.eval_at_start_cache": False})
     out: dict = {"steps": steps, "batch_size": base.train.batch_size, "eval_every": base.train.eval_every,
                  "trials": trials}
     try:

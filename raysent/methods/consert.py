@@ -43,10 +43,11 @@ Training text: every STS sentence (``sts-unlabeled``, transductive, Table 1).
 
 from __future__ import annotations
 
-from typing import Literal, cast
+from typing import Any, Literal, cast
 
 import torch
 from pydantic import Field, field_validator, model_validator
+from torch import nn
 from torch.nn import functional as F
 
 from raysent.methods.base import (
@@ -203,6 +204,11 @@ class ConSERT(Method):
         if self.params.select_pooling is None:
             return super().embed(tok)
         return self.encoder.embed(tok, self.params.select_pooling)
+
+    def embeds_with(self) -> tuple[dict[str, Any], list[nn.Module]]:
+        if self.params.select_pooling is None:
+            return super().embeds_with()
+        return {"pooling": self.params.select_pooling}, [self.encoder]
 
     # ------------------------------------------------------------ views
     def encode_views(self, tok: dict, row_views: list[str], noise=None, capture=None) -> torch.Tensor:

@@ -23,10 +23,11 @@ raysent used SimCSE's 32, 1, 125 before 0.2), eq7 SimCSE's unsupervised ones (32
 
 from __future__ import annotations
 
-from typing import Literal, cast
+from typing import Any, Literal, cast
 
 import torch
 from pydantic import Field
+from torch import nn
 
 from raysent.methods.base import LossOutput, Method, MethodParams
 from raysent.methods.losses import hard_negative_loss, info_nce
@@ -96,6 +97,9 @@ class LayerAtt(Method):
         if self.params.inference == "pooler":
             return self.pooled(tok)
         return self.encoder.embed(tok, "cls_before_pooler")
+
+    def embeds_with(self) -> tuple[dict[str, Any], list[nn.Module]]:
+        return {"pooling": self.inference_pooling()}, [self.encoder, self.pooler]
 
     def inference_head(self):
         return self.pooler

@@ -42,6 +42,7 @@ from raysent.methods import Gatherer, Method
 from raysent.methods.base import Speedups
 from raysent.methods.card import write_card
 from raysent.models.embedder import Embedder
+from raysent.train import initial_dev
 from raysent.train.device import DeviceSettings, auto_precision, default_device
 from raysent.train.device import resolve as resolve_settings
 from raysent.train.records import TrainSummary
@@ -304,11 +305,26 @@ def restore(run: Run) -> tuple[TrainState, int | None]:
     return state, state.step
 
 
-def validate(run: Run) -> dict:
-    """The dev scores: computed on rank 0, the same on every worker."""
+def validate(run: Run, initial: bool = False) -> dict:
+    """The dev scores: computed on rank 0, the same on every worker. ``initial``: the untuned model's, which an
+    earlier run with the same weights may have computed already (``train.eval_at_start_cache``,
+    :mod:`raysent.train.initial_dev`)."""
     t0 = time.perf_counter()
     hooks = run.hooks
-    scores: dict = hooks.broadcast(evaluate_dev(run.embedder, sets=run.dev_sets) if hooks.rank == 0 else None)
+    scores: dict | None = None
+    if hooks.rank == 0:
+        def compute() -> dict:
+            return evaluate_dev(run.embedder, sets=run.dev_sets)
+
+        if initial and run.cfg.train.eval_at_start_cache and run.dev_sets is not None:
+            e = run.embedder
+            embedding = {"max_length": e.max_length, "batch_size": e.batch_size, "device": e.device.type}
+            dev_sets = run.dev_sets
+            scores = initial_dev.scores(
+                compute, lambda: initial_dev.key(run.method.embeds_with(), embedding, dev_sets), hooks.log)
+        else:
+            scores = compute()
+    scores = hooks.broadcast(scores)
     run.phases["eval_seconds"] += time.perf_counter() - t0
     return scores
 
@@ -353,7 +369,7 @@ def save_checkpoint(run: Run, state: TrainState, metrics: dict, improved: bool) 
 
 def evaluate_and_save(run: Run, state: TrainState, loss_avg: float | None) -> bool:
     """Evaluate, keep the best, checkpoint, report; True when patience says stop."""
-    scores = validate(run)
+    scores = validate(run, initial=state.step == 0)
     score = scores["dev_spearman"]
     improved = score > state.best_score
     if improved:
