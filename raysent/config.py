@@ -28,6 +28,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from raysent.data.datasets import validate_spec
 from raysent.errors import ConfigError, RaysentError, did_you_mean
 from raysent.io import not_a_folder
+from raysent.methods.spec import SPECS, get_spec
 
 # Lazy imports: raysent's heavier modules (heavy, and only the functions that need them import them).
 
@@ -492,9 +493,7 @@ class ExperimentConfig(Strict):
     @property
     def method_params(self):
         """The method's validated parameter object (typed, defaults filled)."""
-        from raysent.methods import get_method
-
-        return get_method(self.method).Params(**self.params)
+        return get_spec(self.method).Params(**self.params)
 
     @property
     def results_dir(self) -> Path:
@@ -517,11 +516,9 @@ class ExperimentConfig(Strict):
 
 
 # --------------------------------------------------------------------------- loading
-# The registered methods' names in `raysent methods`' order, without importing the methods (each imports torch), so
-# that a file without a method or with an unknown one is refused before torch loads. raysent.methods.METHODS is built
-# from the classes; tests/methods/test_method_names.py checks the two agree.
-METHOD_NAMES: tuple[str, ...] = ("simcse-unsup", "simcse-sup", "sg", "sg-opt", "consert", "layeratt", "supcon",
-                                 "sbert-nli", "baseline")
+# The registered methods' names in `raysent methods`' order (their descriptions import no torch: a file is checked
+# before torch loads; tests/methods/test_method_names.py checks each registered method is its spec's subclass)
+METHOD_NAMES: tuple[str, ...] = tuple(SPECS)
 GLOBAL_DEFAULTS_NOTE = "raysent default"
 
 
@@ -620,9 +617,7 @@ def parse_config(raw: dict, source: str = "<config>", root: yaml.Node | None = N
         line = _node_line(root, ("method",))
         raise ConfigError(f"{source}{f':{line}' if line else ''}: method: got {_fmt_value(method_name)}: unknown "
                           f"method{did_you_mean(str(method_name), METHOD_NAMES)}; allowed: {', '.join(METHOD_NAMES)}")
-    from raysent.methods import get_method
-
-    method_cls = get_method(method_name)
+    method_cls = get_spec(method_name)
 
     # The method's paper defaults under the user's values.
     for part in ("model", "data", "train", "eval"):

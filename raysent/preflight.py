@@ -36,10 +36,9 @@ class PreflightError(RaysentError):
 def stage_configs(cfg: ExperimentConfig) -> list[ExperimentConfig]:
     """The config of every stage of a run (one for most methods; a later stage's model is the earlier one's
     output, so the first stage's model stands for it)."""
-    from raysent.methods import get_method
-    from raysent.methods.base import PREVIOUS_STAGE_BEST
+    from raysent.methods.spec import PREVIOUS_STAGE_BEST, get_spec
 
-    stages = get_method(cfg.method).stages(cfg) or [("", {})]  # one stage: the config as it is
+    stages = get_spec(cfg.method).stages(cfg) or [("", {})]  # one stage: the config as it is
     return [with_overrides(cfg, {k: v for k, v in ov.items() if v != PREVIOUS_STAGE_BEST}) for _, ov in stages]
 
 
@@ -116,12 +115,12 @@ def check_resources(cfg: ExperimentConfig, one_run: bool = False) -> dict[str, A
 def check_data(cfg: ExperimentConfig) -> dict[str, Any]:
     """Every data spec the run reads (the training data of each stage, the dev sets) with its row count;
     the largest batch against the training data."""
-    from raysent.methods import get_method
+    from raysent.methods.spec import get_spec
 
     rows: dict[str, Any] = {}
     problems: list[str] = []
     for stage in stage_configs(cfg):
-        method = get_method(stage.method)
+        method = get_spec(stage.method)
         spec = stage.data.train
         if spec is None or spec in rows:
             continue

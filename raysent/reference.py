@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from raysent.config import ExperimentConfig
-from raysent.methods import METHODS
+from raysent.methods.spec import SPECS
 
 
 def _model_of(annotation: Any) -> type[BaseModel] | None:
@@ -89,7 +89,7 @@ def experiment_reference() -> str:
         pending += _table(model, f"{path}.", out)
     out += ["", "## params", "",
             "The method's hyperparameters, by method (`params.<name>`; the defaults are the paper's).", ""]
-    for name, cls in METHODS.items():
+    for name, cls in SPECS.items():
         out += [f"### {name}", "", f"{cls.paper}.", ""]
         params = cls.Params
         if not params.model_fields:

@@ -87,9 +87,9 @@ def peak_bf16_tflops(device_name: str) -> float | None:
 def method_config(opts: BenchOptions, method: str, **train) -> dict:
     """The experiment config of one training case: the method's paper defaults but the bench's model,
     batch, length and data (one data set per kind of method)."""
-    from raysent.methods import get_method
+    from raysent.methods.spec import get_spec
 
-    cls = get_method(method)
+    cls = get_spec(method)
     kind = cls.data_kind(cls.Params())
     # enough examples for every step, plus room for whole groups (supcon)
     need = opts.batch_size * (opts.warmup + opts.steps + 2)

@@ -18,10 +18,10 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from raysent.methods import METHODS
+    from raysent.methods.spec import SPECS
 
     rows: list[dict[str, Any]] = []  # as --format json prints them
-    for name, cls in METHODS.items():
+    for name, cls in SPECS.items():
         params = cls.Params()
         defaults = cls.defaults(params)
         rows.append({

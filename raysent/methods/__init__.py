@@ -1,41 +1,30 @@
-"""Every published method, one file each, registered by name. Imports no Ray and no MLflow."""
+"""Every published method, one file each, registered by name. Imports no Ray and no MLflow.
+
+Importing this package imports no torch either: the descriptions (:mod:`raysent.methods.spec`: names,
+hyperparameters, the papers' defaults) are read by ``raysent.config`` before any model is needed, and the
+methods themselves (:mod:`raysent.methods.registry`) load with their first use.
+"""
 
 from __future__ import annotations
 
-from raysent.errors import RaysentError, did_you_mean
-from raysent.methods.base import Gatherer, LossOutput, Method, MethodParams
-from raysent.methods.baseline import Baseline
-from raysent.methods.consert import ConSERT
-from raysent.methods.layeratt import LayerAtt
-from raysent.methods.sbert_nli import SBERTNLI
-from raysent.methods.sg import SelfGuided, SelfGuidedOpt
-from raysent.methods.simcse_sup import SimCSESup
-from raysent.methods.simcse_unsup import SimCSEUnsup
-from raysent.methods.supcon import SupCon
+import importlib
+from typing import TYPE_CHECKING, Any
 
-METHODS: dict[str, type[Method]] = {
-    cls.name: cls
-    for cls in (
-        SimCSEUnsup,
-        SimCSESup,
-        SelfGuided,
-        SelfGuidedOpt,
-        ConSERT,
-        LayerAtt,
-        SupCon,
-        SBERTNLI,
-        Baseline,
-    )
-}
+from raysent.methods.spec import SPECS, MethodParams, MethodSpec, get_spec
+
+if TYPE_CHECKING:
+    from raysent.methods.base import Gatherer, LossOutput, Method
+    from raysent.methods.registry import METHODS, get_method
+
+_LAZY = {"Gatherer": "raysent.methods.base", "LossOutput": "raysent.methods.base", "Method": "raysent.methods.base",
+         "METHODS": "raysent.methods.registry", "get_method": "raysent.methods.registry"}
 
 
-def get_method(name: str) -> type[Method]:
-    try:
-        return METHODS[name]
-    except KeyError:
-        raise RaysentError(
-            f"unknown method {name!r}{did_you_mean(name, METHODS)}; allowed: {', '.join(METHODS)}"
-        ) from None
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["METHODS", "Gatherer", "LossOutput", "Method", "MethodParams", "get_method"]
+__all__ = ["METHODS", "SPECS", "Gatherer", "LossOutput", "Method", "MethodParams", "MethodSpec", "get_method",
+           "get_spec"]

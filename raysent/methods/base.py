@@ -14,33 +14,17 @@ is the same code on 1 and N workers.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, cast
+from typing import Any, cast
 
 import torch
-from pydantic import BaseModel, ConfigDict, field_validator
 from torch import nn
 
+from raysent.methods.spec import PREVIOUS_STAGE_BEST, MethodParams, MethodSpec, PoolingParams
 from raysent.models.encoder import Encoder
 from raysent.models.heads import MLPHead
-from raysent.models.pooling import check_pooling, inference_pooling, pool, uses_mlp
+from raysent.models.pooling import inference_pooling, pool, uses_mlp
 
-PREVIOUS_STAGE_BEST = "<previous stage's best model>"
-
-
-class MethodParams(BaseModel):
-    """Base of every method's hyperparameters: typed, defaults from the paper, no unknown keys."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class PoolingParams(MethodParams):
-    pooling: str = "cls_mlp_train"
-
-    @field_validator("pooling")
-    @classmethod
-    def _pooling(cls, v):
-        return check_pooling(v, "pooling")
-
+__all__ = ["PREVIOUS_STAGE_BEST", "Gatherer", "LossOutput", "Method", "MethodParams", "PoolingParams", "Speedups"]
 
 class Gatherer:
     """Identity gatherer (one worker). The distributed one lives in raysent.train.gather."""
@@ -101,26 +85,9 @@ def concat_batches(*toks: dict) -> dict:
     return {k: torch.cat(v, dim=0) for k, v in out.items()}
 
 
-class Method(nn.Module):
-    """Base class. Subclasses set the class attributes and implement ``forward``."""
-
-    name: ClassVar[str]
-    paper: ClassVar[str]  # "Authors Year. Title" of the paper whose equations the file implements
-    arxiv: ClassVar[str | None] = None  # the paper's arXiv id (raysent.methods.papers)
-    citation: ClassVar[str | None] = None  # its BibTeX entry
-    summary: ClassVar[str]
-    Params: ClassVar[type[MethodParams]] = MethodParams
-    kind: ClassVar[str] = "sentences"  # the training data it needs: sentences | triplets | nli_pairs
-    seeds: ClassVar[tuple[int, ...]] = (42,)
-    variants: ClassVar[dict[str, tuple]] = {}  # selectable variants, listed by `raysent methods`
-    model_defaults: ClassVar[dict[str, Any]] = {}
-    data_defaults: ClassVar[dict[str, Any]] = {}
-    train_defaults: ClassVar[dict[str, Any]] = {}
-    eval_defaults: ClassVar[dict[str, Any]] = {}
-    trains: ClassVar[bool] = True  # False for the no-tuning baseline
-    # gradient caching (raysent.models.chunked.GradCache) needs every encoder call of a step to be a plain
-    # function of the token ids; a method that acts inside the encoder per row (ConSERT) says False
-    supports_grad_cache: ClassVar[bool] = True
+class Method(MethodSpec, nn.Module):
+    """Base class. Subclasses take their description from their spec (:mod:`raysent.methods.spec`: name, paper,
+    Params, the paper's defaults) and implement ``forward``."""
 
     def __init__(self, encoder: Encoder, params: MethodParams):
         super().__init__()
@@ -130,24 +97,6 @@ class Method(nn.Module):
         self.speedups = Speedups()
         pooling = getattr(params, "pooling", None)
         self.mlp = MLPHead(encoder.hidden_size) if pooling and uses_mlp(pooling, training=True) else None
-
-    # ------------------------------------------------------------ class-level description
-    @classmethod
-    def defaults(cls, params: MethodParams) -> dict[str, dict]:
-        """Paper defaults for the config parts (may depend on the method's params)."""
-        return {"model": dict(cls.model_defaults), "data": dict(cls.data_defaults),
-                "train": dict(cls.train_defaults), "eval": dict(cls.eval_defaults)}
-
-    @classmethod
-    def data_kind(cls, params: MethodParams) -> str:
-        return cls.kind
-
-    @classmethod
-    def stages(cls, cfg) -> list[tuple[str, dict]] | None:
-        """Multi-stage methods (ConSERT's sup-unsup, joint-unsup): ``[(label, overrides), ...]``, each
-        stage's config being the experiment's with those overrides (raysent.config.with_overrides);
-        ``model.name`` may be :data:`PREVIOUS_STAGE_BEST`. None: one stage."""
-        return None
 
     # ------------------------------------------------------------ training data
     def fields(self, data) -> tuple[dict[str, list[str]], dict[str, Any]]:
@@ -198,7 +147,7 @@ class Method(nn.Module):
     def embeds_with(self) -> tuple[dict[str, Any], list[nn.Module]]:
         """What :meth:`embed` reads: a description (its pooling) and the modules whose weights it uses. The untuned
         model's dev scores are reused under these (:mod:`raysent.train.initial_dev`), so a method that overrides
-        ``embed`` overrides this too (tests/methods/test_embeds_with.py holds every registered method to it)."""
+        ``embed`` overrides this too (tests/train/test_initial_dev.py holds every registered method to it)."""
         pooling = self.inference_pooling()
         mlp = self.mlp if uses_mlp(pooling, training=False) else None
         return {"pooling": pooling}, [self.encoder] + ([mlp] if mlp is not None else [])

@@ -9,24 +9,10 @@ and exports it, so tables carry its row like any other run.
 
 from __future__ import annotations
 
-from pydantic import Field
-
-from raysent.methods.base import LossOutput, Method, PoolingParams
-
-
-class BaselineParams(PoolingParams):
-    pooling: str = Field("mean", description="how vectors are read off the untuned encoder")
+from raysent.methods.base import LossOutput, Method
+from raysent.methods.spec import BaselineSpec
 
 
-class Baseline(Method):
-    name = "baseline"
-    paper = "no tuning (the 'No tuning' rows of Kim et al. 2021 Table 1 and Yan et al. 2021 Table 2)"
-    summary = "the raw encoder with any pooling; no training step"
-    Params = BaselineParams
-    kind = "sentences"
-    trains = False
-    data_defaults = {"train": "stsb:train"}
-    train_defaults = {"max_steps": 1, "eval_at_start": True}
-
+class Baseline(BaselineSpec, Method):
     def forward(self, batch: dict) -> LossOutput:  # pragma: no cover - never trained
         raise RuntimeError("the baseline method does not train")

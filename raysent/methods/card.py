@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from raysent.config import hyperparameters, parse_config
-from raysent.methods import METHODS
+from raysent.methods.spec import SPECS
 
 CARD = "README.md"
 RESULTS_START, RESULTS_END = "<!-- raysent-results -->", "<!-- /raysent-results -->"
@@ -41,7 +41,7 @@ def _value(v: Any) -> str:
 def model_card(meta: dict, results: str | None = None) -> str:
     """The card of a model folder whose ``raysent.json`` is ``meta`` (``results``: a markdown section)."""
     name = meta.get("method") or "unknown"
-    cls = METHODS.get(name)
+    cls = SPECS.get(name)
     raw = meta.get("config") or {}
     cfg = parse_config(raw, source="raysent.json", check_search=False) if raw else None
     data = meta.get("data") or {}

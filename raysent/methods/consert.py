@@ -43,148 +43,27 @@ Training text: every STS sentence (``sts-unlabeled``, transductive, Table 1).
 
 from __future__ import annotations
 
-from typing import Any, Literal, cast
+from typing import Any
 
 import torch
-from pydantic import Field, field_validator, model_validator
 from torch import nn
 from torch.nn import functional as F
 
 from raysent.methods.base import (
-    PREVIOUS_STAGE_BEST,
     LossOutput,
     Method,
-    MethodParams,
-    PoolingParams,
     batch_views,
     concat_batches,
     nli_fields,
 )
-from raysent.methods.consert_views import AUGMENTATIONS, embedding_views, fgv_noise, shuffle_positions, view_runs
+from raysent.methods.consert_views import embedding_views, fgv_noise, shuffle_positions, view_runs
 from raysent.methods.losses import nt_xent
-from raysent.methods.papers import CONSERT
+from raysent.methods.spec import ConSERTParams, ConSERTSpec
 from raysent.models.heads import PairClassifier
-from raysent.models.pooling import check_pooling
-
-# the official scripts' view pairs (yym6472/ConSERT scripts/*-base.sh), by supervision mode; the paper
-# compares views for unsup only (Figure 5: feature_cutoff + shuffle is its best pair)
-SCRIPT_VIEWS: dict[str, tuple[str, str]] = {
-    "unsup": ("feature_cutoff", "shuffle"),  # unsup-consert-base.sh
-    "joint": ("none", "token_cutoff"),  # sup-consert-joint-base.sh: cutoff, direction row
-    "sup-unsup": ("none", "feature_cutoff"),  # sup-consert-sup-unsup-base.sh, stage 2: cutoff, direction column
-    "joint-unsup": ("none", "shuffle"),  # sup-consert-joint-unsup-base.sh, stage 2
-}
 
 
-class ConSERTParams(PoolingParams):
-    supervision: Literal["unsup", "joint", "sup-unsup", "joint-unsup"] = Field("unsup", description="§3.3")
-    augmentations: tuple[str, str] = Field(  # type: ignore[assignment]  # None until the validator sets the default
-        None, description="the two views (§3.2); default by supervision, the official scripts' (see the module)",
-        validate_default=False)
-    sup_augmentations: tuple[str, str] = Field(  # type: ignore[assignment]  # None until the validator sets it
-        None, description="joint-unsup: the views of the joint first stage (default none + token_cutoff, the joint "
-        "script's)", validate_default=False)
-    classifier_max_square: bool = Field(False, description="joint: add max(r1, r2)² to Eq. 2's classifier "
-                                        "features, as the official joint script does")
-    token_cutoff_rate: float = Field(0.15, ge=0, lt=1)
-    feature_cutoff_rate: float = Field(0.2, ge=0, lt=1)
-    dropout_rate: float = Field(0.2, ge=0, lt=1)
-    adv_epsilon: float = Field(1.0, gt=0, description="FGV perturbation norm per token")
-    temperature: float = Field(0.1, gt=0, description="τ of NT-Xent (§4.1, §5.4)")
-    con_weight: float = Field(0.15, ge=0, description="α of L_ce + α·L_con (joint)")
-    pooling: str = Field("mean", description="training pooling (§3.1)")
-    eval_pooling: str = Field("last2_avg", description="evaluation pooling (§4.1)")
-    select_pooling: str | None = Field(None, description="pooling of the dev evaluation that selects the best "
-                                       "checkpoint; null: eval_pooling (§4.1). The official scripts select on "
-                                       "last-layer mean pooling: mean")
-    sup_lr: float = Field(2e-5, gt=0, description="learning rate of the supervised first stage")
-    sup_epochs: int = Field(1, gt=0, description="epochs of the supervised first stage")
-
-    @field_validator("augmentations", "sup_augmentations", mode="before")
-    @classmethod
-    def _aug(cls, v):
-        if v is None:
-            return None  # filled in by supervision (_adversarial)
-        v = list(v) if isinstance(v, (list, tuple)) else v
-        if not isinstance(v, list) or len(v) != 2:
-            raise ValueError(f"two views are needed, e.g. [feature_cutoff, shuffle]; got {v!r}")
-        for a in v:
-            if a not in AUGMENTATIONS:
-                raise ValueError(f"unknown augmentation {a!r}; allowed: {', '.join(AUGMENTATIONS)}")
-        return tuple(v)
-
-    @model_validator(mode="after")
-    def _adversarial(self):
-        if self.augmentations is None:
-            self.augmentations = SCRIPT_VIEWS[self.supervision]
-        if self.sup_augmentations is None:
-            self.sup_augmentations = SCRIPT_VIEWS["joint"]
-        if "adversarial" in self.sup_augmentations and self.sup_augmentations[0] == "adversarial":
-            raise ValueError("'adversarial' must be the second view of sup_augmentations")
-        if "adversarial" in self.augmentations:
-            if self.supervision != "joint":
-                raise ValueError("the 'adversarial' view needs the supervised loss's gradient: only with "
-                                 "supervision 'joint'")
-            if self.augmentations[0] == "adversarial":
-                raise ValueError("'adversarial' must be the second view: its perturbation comes from the "
-                                 "supervised loss of the first view")
-        check_pooling(self.eval_pooling, "eval_pooling")
-        if self.select_pooling is not None:
-            check_pooling(self.select_pooling, "select_pooling")
-        return self
-
-    def rates(self) -> dict[str, float]:
-        return {"token_cutoff": self.token_cutoff_rate, "feature_cutoff": self.feature_cutoff_rate,
-                "dropout": self.dropout_rate}
-
-
-class ConSERT(Method):
-    name = "consert"
-    paper = "Yan et al. 2021. ConSERT: A Contrastive Framework for Self-Supervised Sentence Representation Transfer"
-    arxiv, citation = CONSERT.arxiv, CONSERT.citation
-    summary = "two augmented views at the embedding layer, NT-Xent over 2N; unsup/joint/sup-unsup/joint-unsup"
-    Params = ConSERTParams
-    variants = {"supervision": ("unsup", "joint", "sup-unsup", "joint-unsup"), "augmentations": AUGMENTATIONS}
-    model_defaults = {"dropout": 0.0}
-    supports_grad_cache = False  # the augmentations act on the embedding layer's output, row by row
-
+class ConSERT(ConSERTSpec, Method):
     params: ConSERTParams
-
-    @classmethod
-    def defaults(cls, params: MethodParams) -> dict[str, dict]:
-        d = super().defaults(params)
-        params = cast(ConSERTParams, params)
-        joint = params.supervision == "joint"
-        two_stage = params.supervision in ("sup-unsup", "joint-unsup")
-        d["train"] = {"batch_size": 96, "max_length": 64, "eval_every": 200, "warmup_ratio": 0.1,
-                      "lr": 2e-5 if joint else 5e-7, "epochs": 1 if joint else 25 if two_stage else 10,
-                      **({} if joint else {"patience": 10})}
-        d["data"] = {"train": "snli"} if joint else {"train": "sts-unlabeled"}
-        if params.supervision in ("sup-unsup", "joint-unsup"):
-            d["data"]["sup"] = "snli"
-        return d
-
-    @classmethod
-    def data_kind(cls, params: MethodParams) -> str:
-        return "nli_pairs" if cast(ConSERTParams, params).supervision == "joint" else "sentences"
-
-    @classmethod
-    def stages(cls, cfg) -> list[tuple[str, dict]] | None:
-        """Two-stage modes: (label, overrides) per stage; the last stage is the run itself."""
-        p = cfg.method_params
-        if p.supervision not in ("sup-unsup", "joint-unsup"):
-            return None
-        if p.supervision == "sup-unsup":
-            first = {"method": "sbert-nli", "params": {"pooling": p.pooling, "eval_pooling": p.eval_pooling},
-                     "model.dropout": None}
-        else:
-            first = {"params": {**cfg.params, "supervision": "joint", "augmentations": list(p.sup_augmentations)}}
-        first.update({"data.train": cfg.data.sup, "lr": p.sup_lr, "epochs": p.sup_epochs, "patience": None,
-                      "data.max_train_samples": cfg.data.max_train_samples})
-        second = {"params": {**cfg.params, "supervision": "unsup", "augmentations": list(p.augmentations)},
-                  "model.name": PREVIOUS_STAGE_BEST}
-        return [("stage1-" + ("sbert-nli" if p.supervision == "sup-unsup" else "joint"), first),
-                ("stage2-unsup", second)]
 
     def __init__(self, encoder, params: ConSERTParams):
         super().__init__(encoder, params)

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-AUGMENTATIONS = ("none", "shuffle", "token_cutoff", "feature_cutoff", "dropout", "adversarial")
+from raysent.methods.spec import AUGMENTATIONS
 
 
 def _ranks(keys: torch.Tensor) -> torch.Tensor:

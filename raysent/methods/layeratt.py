@@ -23,58 +23,19 @@ raysent used SimCSE's 32, 1, 125 before 0.2), eq7 SimCSE's unsupervised ones (32
 
 from __future__ import annotations
 
-from typing import Any, Literal, cast
+from typing import Any
 
 import torch
-from pydantic import Field
 from torch import nn
 
-from raysent.methods.base import LossOutput, Method, MethodParams
+from raysent.methods.base import LossOutput, Method
 from raysent.methods.losses import hard_negative_loss, info_nce
-from raysent.methods.papers import LAYERATT
+from raysent.methods.spec import LayerAttParams, LayerAttSpec
 from raysent.models.heads import LayerAttentionPooler
 
-TABLE4 = {"eq6": {"batch_size": 256, "lr": 1e-5}, "eq7": {"batch_size": 64, "lr": 3e-5},
-          "eq8": {"batch_size": 256, "lr": 2e-5}}
 
-
-# The paper states no max length, epochs or evaluation cadence. For the supervised objectives the
-# authors' script (nlpods/LayerAttPooler run_sup_layerattnpooler.sh: --max_seq_length 64
-# --num_train_epochs 3 --eval_steps 100, 4 GPUs × 64 = Table 4's batch 256) gives them; for Eq. 7 there is
-# no script, so SimCSE's unsupervised setting, which the paper follows.
-OFFICIAL_SUPERVISED = {"max_length": 64, "epochs": 3, "eval_every": 100}
-SIMCSE_UNSUP = {"max_length": 32, "epochs": 1, "eval_every": 125}
-
-
-class LayerAttParams(MethodParams):
-    objective: Literal["eq6", "eq7", "eq8"] = Field("eq7", description="training objective (§2.2)")
-    temperature: float = Field(0.05, gt=0)
-    inference: Literal["pooler", "cls"] = Field("pooler", description="keep the pooler at inference, or use "
-                                                "the last layer's [CLS] (Table 3's semantic search)")
-
-
-class LayerAtt(Method):
-    name = "layeratt"
-    paper = ("Oh et al. 2022. Don't Judge a Language Model by Its Last Layer: "
-             "Contrastive Learning with Layer-Wise Attention Pooling")
-    arxiv, citation = LAYERATT.arxiv, LAYERATT.citation
-    summary = "attention over per-layer [CLS] and mean vectors + last-layer [CLS], MLP (Eq. 1-5); Eq. 6/7/8"
-    Params = LayerAttParams
-    variants = {"objective": ("eq6", "eq7", "eq8"), "inference": ("pooler", "cls")}
-
+class LayerAtt(LayerAttSpec, Method):
     params: LayerAttParams
-
-    @classmethod
-    def defaults(cls, params: MethodParams) -> dict[str, dict]:
-        d = super().defaults(params)
-        p = cast(LayerAttParams, params)
-        d["train"] = {**TABLE4[p.objective], **(OFFICIAL_SUPERVISED if p.objective != "eq7" else SIMCSE_UNSUP)}
-        d["data"] = {"train": "wiki1m" if p.objective == "eq7" else "nli-triplets"}
-        return d
-
-    @classmethod
-    def data_kind(cls, params: MethodParams) -> str:
-        return "sentences" if cast(LayerAttParams, params).objective == "eq7" else "triplets"
 
     def __init__(self, encoder, params: LayerAttParams):
         super().__init__(encoder, params)

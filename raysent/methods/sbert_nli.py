@@ -15,42 +15,16 @@ single linear layer is used.) Defaults, as Liao's SBERT baseline: batch 64, lr 2
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import torch
-from pydantic import Field, field_validator
 from torch.nn import functional as F
 
-from raysent.methods.base import LossOutput, Method, PoolingParams, nli_fields
-from raysent.methods.papers import SBERT
+from raysent.methods.base import LossOutput, Method, nli_fields
+from raysent.methods.spec import SBERTNLIParams, SBERTNLISpec
 from raysent.models.heads import PairClassifier
-from raysent.models.pooling import check_pooling
 
 
-class SBERTNLIParams(PoolingParams):
-    pooling: str = Field("mean", description="SBERT's mean pooling")
-    eval_pooling: str | None = Field(None, description="evaluation pooling (null: the training pooling); ConSERT's "
-                                                      "sup-unsup stage 1 sets its own (last2_avg), so the stage's "
-                                                      "checkpoint is chosen, and the untuned model read, as ConSERT "
-                                                      "evaluates")
-
-    @field_validator("eval_pooling")
-    @classmethod
-    def _known_eval_pooling(cls, v):
-        return check_pooling(v, "eval_pooling")
-
-
-class SBERTNLI(Method):
-    name = "sbert-nli"
-    paper = "Reimers & Gurevych 2019. Sentence-BERT (as the baseline of Liao 2021 and stage 1 of ConSERT sup-unsup)"
-    arxiv, citation = SBERT.arxiv, SBERT.citation
-    summary = "softmax classifier over (u, v, |u-v|) on NLI pairs, cross-entropy only"
-    Params: ClassVar[type[SBERTNLIParams]] = SBERTNLIParams  # SupCon's params extend these
+class SBERTNLI(SBERTNLISpec, Method):
     params: SBERTNLIParams
-    kind = "nli_pairs"
-    data_defaults = {"train": "snli"}
-    train_defaults = {"batch_size": 64, "lr": 2e-5, "epochs": 1, "warmup_ratio": 0.1, "max_length": 128,
-                      "eval_every": 250}
 
     def __init__(self, encoder, params):
         super().__init__(encoder, params)

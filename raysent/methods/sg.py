@@ -39,41 +39,17 @@ from __future__ import annotations
 
 import copy
 import time
-from typing import Literal
 
 import numpy as np
 import torch
-from pydantic import Field, model_validator
 from torch.nn import functional as F
 
-from raysent.methods.base import LossOutput, Method, MethodParams
+from raysent.methods.base import LossOutput, Method
 from raysent.methods.losses import column_mask, cosine_matrix, nt_xent
-from raysent.methods.papers import SELF_GUIDED
+from raysent.methods.spec import SelfGuidedOptSpec, SelfGuidedSpec, SGOptParams, SGParams
 from raysent.models.chunked import hidden_states
 from raysent.models.heads import ProjectionHead
 from raysent.models.pooling import masked_max, masked_mean
-
-
-class SGParams(MethodParams):
-    loss: Literal["base", "opt1", "opt2", "opt3"] = Field("base", description="L^base, L^opt1, L^opt2, L^opt3")
-    temperature: float = Field(0.01, gt=0, description="τ (Table 8)")
-    reg_lambda: float = Field(0.1, ge=0, description="λ of λ·‖θ_F − θ_T‖² (Table 8)")
-    view_pooling: Literal["max", "mean"] = Field("max", description="p: pooling of BERT_F's layers (§3.1)")
-    layers: tuple[int, int] | None = Field(None, description="[first, last] layer of BERT_F used for views "
-                                           "(inclusive; 0 = embeddings); null: all 0..l")
-    head_width: int = Field(4096, gt=0, description="width of the projection head f (footnote 4)")
-    frozen_dropout: bool = Field(False, description="run BERT_F with dropout (the official code does)")
-
-    @model_validator(mode="after")
-    def _layers(self):
-        if self.layers is not None and not 0 <= self.layers[0] <= self.layers[1]:
-            raise ValueError(f"layers must be [first, last] with 0 <= first <= last, got {list(self.layers)}")
-        return self
-
-
-class SGOptParams(SGParams):
-    loss: Literal["base", "opt1", "opt2", "opt3"] = Field("opt3", description="L^opt3 (SG-OPT)")
-
 
 VIEW_CACHE_MAX_BYTES = 8 * 2**30  # larger caches are not built (the views are computed at every step)
 VIEW_CACHE_BATCH = 128
@@ -151,19 +127,8 @@ def l2_regularizer(tuned: torch.nn.Module, frozen: torch.nn.Module) -> torch.Ten
 
 
 # --------------------------------------------------------------------------- the method
-class SelfGuided(Method):
-    name = "sg"
-    paper = "Kim, Yoo, Lee 2021. Self-Guided Contrastive Learning for BERT Sentence Representations"
-    arxiv, citation = SELF_GUIDED.arxiv, SELF_GUIDED.citation
-    summary = "BERT_T's [CLS] pulled to BERT_F's layer views through a projection head; L^base by default"
-    Params = SGParams
+class SelfGuided(SelfGuidedSpec, Method):
     params: SGParams
-    kind = "sentences"
-    seeds = (1, 2, 3, 4, 1234, 2345, 3456, 7890)
-    variants = {"loss": ("base", "opt1", "opt2", "opt3"), "view_pooling": ("max", "mean")}
-    data_defaults = {"train": "stsb-unlabeled"}
-    train_defaults = {"batch_size": 16, "lr": 5e-5, "adam_betas": (0.9, 0.9), "epochs": 1, "eval_every": 50,
-                      "patience": 10, "max_length": 128, "warmup_ratio": 0.1}
 
     def __init__(self, encoder, params: SGParams):
         super().__init__(encoder, params)
@@ -269,8 +234,5 @@ class SelfGuided(Method):
         return LossOutput(con + p.reg_lambda * reg, {"loss_con": con.detach(), "loss_reg": reg.detach()})
 
 
-class SelfGuidedOpt(SelfGuided):
-    name = "sg-opt"
-    summary = "SG with the optimised loss L^opt: every layer's view guides [CLS] (L^opt3 + λ·L^reg)"
-    Params = SGOptParams
+class SelfGuidedOpt(SelfGuidedOptSpec, SelfGuided):
     params: SGOptParams

@@ -20,30 +20,13 @@ lr 5e-5, 3 epochs, max length 32, τ 0.05, STS-B dev every 125 steps; SNLI+MNLI 
 
 from __future__ import annotations
 
-from pydantic import Field
-
-from raysent.methods.base import LossOutput, Method, PoolingParams
+from raysent.methods.base import LossOutput, Method
 from raysent.methods.losses import hard_negative_loss
-from raysent.methods.papers import SIMCSE
+from raysent.methods.spec import SimCSESupParams, SimCSESupSpec
 
 
-class SimCSESupParams(PoolingParams):
-    temperature: float = Field(0.05, gt=0, description="τ (Gao et al. 2021)")
-    hard_negative_weight: float = Field(0.0, description="w added to each anchor's own hard-negative logit "
-                                        "(log of SimCSE's α, Table 7; 0 = α 1, the paper's best)")
-    pooling: str = Field("cls", description="[CLS] with the MLP at train and test (SimCSE §6.3)")
-
-
-class SimCSESup(Method):
-    name = "simcse-sup"
-    paper = "Gao, Yao, Chen 2021. SimCSE: Simple Contrastive Learning of Sentence Embeddings"
-    arxiv, citation = SIMCSE.arxiv, SIMCSE.citation
-    summary = "NLI (premise, entailment, contradiction); contradictions as hard negatives (Eq. 5)"
-    Params = SimCSESupParams
+class SimCSESup(SimCSESupSpec, Method):
     params: SimCSESupParams
-    kind = "triplets"
-    data_defaults = {"train": "nli-triplets"}
-    train_defaults = {"batch_size": 512, "lr": 5e-5, "epochs": 3, "max_length": 32, "eval_every": 125}
 
     def fields(self, data):
         return {"sent0": data.sent0, "sent1": data.sent1, "hard_neg": data.hard_neg}, {}

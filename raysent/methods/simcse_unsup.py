@@ -23,28 +23,13 @@ Example::
 
 from __future__ import annotations
 
-from pydantic import Field
-
-from raysent.methods.base import LossOutput, Method, PoolingParams
+from raysent.methods.base import LossOutput, Method
 from raysent.methods.losses import info_nce
-from raysent.methods.papers import SIMCSE
+from raysent.methods.spec import SimCSEUnsupParams, SimCSEUnsupSpec
 
 
-class SimCSEUnsupParams(PoolingParams):
-    temperature: float = Field(0.05, gt=0, description="τ (Gao et al. 2021, §3)")
-    pooling: str = Field("cls_mlp_train", description="[CLS]+MLP at train, [CLS] at test (SimCSE §6.3)")
-
-
-class SimCSEUnsup(Method):
-    name = "simcse-unsup"
-    paper = "Gao, Yao, Chen 2021. SimCSE: Simple Contrastive Learning of Sentence Embeddings"
-    arxiv, citation = SIMCSE.arxiv, SIMCSE.citation
-    summary = "two dropout views of each sentence, in-batch negatives, InfoNCE (Eq. 1)"
-    Params = SimCSEUnsupParams
+class SimCSEUnsup(SimCSEUnsupSpec, Method):
     params: SimCSEUnsupParams
-    kind = "sentences"
-    data_defaults = {"train": "wiki1m"}
-    train_defaults = {"batch_size": 64, "lr": 3e-5, "max_length": 32, "eval_every": 125, "epochs": 1}
 
     def forward(self, batch: dict) -> LossOutput:
         tok = batch["text"]

@@ -30,28 +30,15 @@ trains BERT 8-layer/512; its numbers are weighted-mean Spearman, the ``wmean`` a
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
-from pydantic import Field
 from torch.nn import functional as F
 
 from raysent.methods.base import LossOutput
 from raysent.methods.losses import cosine_matrix, dot_matrix
-from raysent.methods.papers import SUPCON
-from raysent.methods.sbert_nli import SBERTNLI, SBERTNLIParams
+from raysent.methods.sbert_nli import SBERTNLI
+from raysent.methods.spec import SupConParams, SupConSpec
 
 ENTAILMENT = 0
-
-
-class SupConParams(SBERTNLIParams):
-    pooling: str = Field("mean_no_cls", description="the paper's pooling: the mean of the output tokens except "
-                         "[CLS] (§3; mean: SBERT's, [CLS] included)")
-    scl_weight: float = Field(0.3, ge=0, le=1, description="λ of (1−λ)·CE + λ·SCL (Eq. 3)")
-    temperature: float = Field(1.0, gt=0, description="τ (Table 7: best 1.0)")
-    pos_cap: Literal["all"] | int = Field("all", description="N+: positives per anchor (all or a number)")
-    neg_cap: Literal["all"] | int = Field("all", description="N−: negatives per anchor (all or a number)")
-    scl_normalize: bool = Field(False, description="cosine instead of the paper's dot product")
 
 
 def random_subset(members: torch.Tensor, cap: int) -> torch.Tensor:
@@ -93,16 +80,8 @@ def scl_loss(anchors: torch.Tensor, anchor_groups: torch.Tensor, cands: torch.Te
     return torch.where(used, per_anchor, 0.0).sum(), used.sum()
 
 
-class SupCon(SBERTNLI):
-    name = "supcon"
-    paper = "Liao 2021. Sentence Embeddings using Supervised Contrastive Learning"
-    arxiv, citation = SUPCON.arxiv, SUPCON.citation
-    summary = "(1−λ)·CE over (u, v, |u−v|) + λ·SCL with N+ positives and N− negatives per premise (Eq. 3)"
-    Params = SupConParams
+class SupCon(SupConSpec, SBERTNLI):
     params: SupConParams
-    variants = {"pos_cap": ("all", "<n>"), "neg_cap": ("all", "<n>")}
-    train_defaults = {"batch_size": 64, "lr": 2e-5, "epochs": 1, "warmup_ratio": 0.1, "max_length": 128,
-                      "eval_every": 250}
 
     def groups(self, data):
         """Each premise's pairs stay together in a batch (the batch sampler of §3)."""

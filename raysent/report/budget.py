@@ -219,11 +219,10 @@ def earlier_stage_steps(record) -> int | None:
     """The steps of a multi-stage run's stages before its last (ConSERT's sup-unsup, joint-unsup): each
     ``train.max_steps`` of that stage's config (an earlier stage runs without patience); None when a stage is
     given in epochs only. 0 for a one-stage method."""
-    from raysent.methods import get_method
-    from raysent.methods.base import PREVIOUS_STAGE_BEST, Method
+    from raysent.methods.spec import PREVIOUS_STAGE_BEST, MethodSpec, get_spec
 
-    method = get_method(record.method)
-    if next(k for k in method.__mro__ if "stages" in vars(k)) is Method:  # it keeps Method's one stage
+    method = get_spec(record.method)
+    if next(k for k in method.__mro__ if "stages" in vars(k)) is MethodSpec:  # it keeps the one stage of MethodSpec
         return 0
     from raysent.config import parse_config, with_overrides
 

@@ -22,7 +22,7 @@ from raysent.data import load, parse_spec
 from raysent.data.batching import TokenizedData
 from raysent.io import write_json_atomic
 from raysent.methods import Method, get_method
-from raysent.methods.base import PREVIOUS_STAGE_BEST
+from raysent.methods.spec import PREVIOUS_STAGE_BEST
 from raysent.models import cache as encoder_cache
 from raysent.models.cache import load_encoder
 from raysent.models.encoder import Encoder

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from raysent.config import ExperimentConfig
 from raysent.data.datasets import load
 from raysent.errors import ConfigError, RaysentError
-from raysent.methods import get_method
+from raysent.methods.spec import get_spec
 from raysent.tune.plan import SearchPlan
 
 
@@ -39,7 +39,7 @@ class Estimate(BaseModel):
 
 def run_steps(cfg: ExperimentConfig, est: Estimate) -> int:
     """Optimizer steps of one run (every stage): max_steps, else epochs over the training data."""
-    method = get_method(cfg.method)
+    method = get_spec(cfg.method)
     if not getattr(method, "trains", True):
         return 0
     t = cfg.train

@@ -71,9 +71,9 @@ class WilcoxonScheduler(FIFOScheduler):
 
 def last_evaluation(cfg: ExperimentConfig) -> tuple[int, int] | None:
     """(stage, step) of a run's last evaluation: its last stage's ``train.max_steps`` (None: given in epochs)."""
-    from raysent.methods import get_method
+    from raysent.methods.spec import get_spec
 
-    stages = len(get_method(cfg.method).stages(cfg) or ()) or 1  # None: one stage
+    stages = len(get_spec(cfg.method).stages(cfg) or ()) or 1  # None: one stage
     return (stages - 1, cfg.train.max_steps) if cfg.train.max_steps else None
 
 

@@ -130,9 +130,9 @@ def _own_value(cfg: ExperimentConfig, name: str) -> Any:
 
 def _paper_value(cfg: ExperimentConfig, name: str) -> Any:
     """The method's paper default of a searched entry (what the value would be had the file not set it)."""
-    from raysent.methods import get_method
+    from raysent.methods.spec import get_spec
 
-    method = get_method(cfg.method)
+    method = get_spec(cfg.method)
     defaults = method.defaults(cfg.method_params)
     params = type(cfg.method_params).model_fields
     section, _, field = name.rpartition(".")
@@ -149,9 +149,9 @@ def warm_source(cfg: ExperimentConfig) -> Literal["paper", "file"]:
     """Where the warm-start configuration's values come from: ``paper`` when each is the method's paper default,
     ``file`` when the experiment file set one to something else (the README's main job sets lr 1e-4, where
     SimCSE's is 3e-5): the arm is named for that, in the summary, the table and MLflow."""
-    from raysent.methods import get_method
+    from raysent.methods.spec import get_spec
 
-    variants = get_method(cfg.method).variants  # each variant is one of the paper's settings (eq6/eq7/eq8, ...)
+    variants = get_spec(cfg.method).variants  # each variant is one of the paper's settings (eq6/eq7/eq8, ...)
     point, _ = paper_point(cfg)
     for name, value in (point or {}).items():
         if name.rpartition(".")[2] in variants:

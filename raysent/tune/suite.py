@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from raysent.config import ExperimentConfig, load_config, parse_config, read_yaml, with_overrides
 from raysent.data.datasets import DATASETS, STS_TASKS, local_files, parse_spec
 from raysent.errors import ConfigError, Interrupted, RaysentError
-from raysent.methods import get_method
+from raysent.methods.spec import get_spec
 from raysent.models.encoder import resolve_model
 from raysent.report.compare import ComparisonResult, Side, compare
 from raysent.report.runs import Run, load_experiment
@@ -157,7 +157,7 @@ def sources(cfg: ExperimentConfig) -> dict[str, str]:
     path, _ = resolve_model(cfg.model.name)
     out[f"model {cfg.model.name}"] = (f"local: {path}" if path != cfg.model.name or Path(path).is_dir()
                                       else f"download: Hugging Face hub {cfg.model.name}")
-    method = get_method(cfg.method)
+    method = get_spec(cfg.method)
     specs = [cfg.data.train or next(iter(method.data_defaults.values()), None), cfg.data.sup, *cfg.data.dev,
              *(cfg.eval.sts_sets or STS_TASKS)]
     for spec in filter(None, specs):

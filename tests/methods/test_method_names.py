@@ -1,11 +1,34 @@
-"""raysent.config.METHOD_NAMES lists the registered methods without importing them (config errors before torch): it
-must be the registry itself, in the same order."""
+"""The methods' descriptions (raysent.methods.spec, read by raysent.config before torch loads) are the registry's:
+the same names in the same order, each registered method its spec's subclass, and reading them imports no torch."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 from raysent.config import METHOD_NAMES
-from raysent.methods import METHODS
+from raysent.methods import METHODS, SPECS
 
 
 def test_the_torch_free_names_are_the_registry_in_its_order():
-    assert tuple(METHODS) == METHOD_NAMES
+    assert tuple(METHODS) == tuple(SPECS) == METHOD_NAMES
+
+
+def test_each_method_takes_its_description_from_its_spec():
+    for name, cls in METHODS.items():
+        spec = SPECS[name]
+        assert issubclass(cls, spec), name
+        for attr in ("name", "paper", "summary", "Params", "kind", "seeds", "variants", "train_defaults",
+                     "supports_grad_cache", "trains"):
+            assert getattr(cls, attr) == getattr(spec, attr), (name, attr)
+        params = spec.Params()
+        assert cls.defaults(params) == spec.defaults(params) and cls.data_kind(params) == spec.data_kind(params)
+
+
+def test_validating_an_experiment_imports_no_torch():
+    code = ("import sys\nfrom raysent.config import parse_config\n"
+            "for name in ('simcse-unsup', 'consert', 'layeratt', 'sg-opt', 'supcon', 'baseline'):\n"
+            "    parse_config({'name': 'x', 'method': name, 'model': {'name': 'm'}, 'data': {'train': 'snli'}})\n"
+            "print(sorted(m for m in ('torch', 'transformers', 'ray', 'mlflow') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
