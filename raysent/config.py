@@ -27,6 +27,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from raysent.data.datasets import validate_spec
 from raysent.errors import ConfigError, RaysentError, did_you_mean
+from raysent.eval.names import EVAL_TASKS
 from raysent.io import not_a_folder
 from raysent.methods.spec import SPECS, get_spec
 
@@ -139,8 +140,6 @@ class TrainConfig(Strict):
 
 
 def _eval_task(v: str) -> str:
-    from raysent.eval.suite import EVAL_TASKS
-
     if v not in EVAL_TASKS:
         raise ValueError(f"unknown evaluation task {v!r}{did_you_mean(v, EVAL_TASKS)}; allowed: "
                          + ", ".join(repr(t) for t in EVAL_TASKS))
@@ -200,7 +199,7 @@ class EvalConfig(Strict):
     @classmethod
     def _known_sts_sets(cls, v):
         from raysent.errors import did_you_mean
-        from raysent.eval.sts import TASK_LABELS
+        from raysent.eval.results import STS_LABELS as TASK_LABELS  # not raysent.eval.sts: scipy, 1 s
 
         for t in v or []:
             if t not in TASK_LABELS:
@@ -710,6 +709,13 @@ def _cross_checks(cfg: ExperimentConfig, method_cls, source: str, root, check_se
         if cfg.search.metric != "dev_spearman" and not cfg.search.metric.startswith("dev/"):
             fail(("search", "metric"), f"got {cfg.search.metric!r}: allowed: dev_spearman (the mean over "
                  f"data.dev) or dev/<set>, e.g. dev/stsb:dev")
+
+
+def no_search_part(source: str) -> RaysentError:
+    """`raysent tune` (and ``raysent.search``) on an experiment without a ``search`` part: the one wording, said by
+    the command before the search's modules load and by the driver for a Python caller."""
+    return RaysentError(f"{source}: `raysent tune` needs a 'search' part (space, metric, num_samples, ...); use "
+                        "`raysent train` for one configuration, or --final-only to run the seeds only")
 
 
 def _duplicate_keys(root: yaml.Node | None, source: str) -> list[str]:

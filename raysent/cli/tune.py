@@ -7,7 +7,7 @@ import json
 from typing import TYPE_CHECKING
 
 from raysent.cli.common import EPILOG, disconnect_ray, parse_set, stdout_for, yaml_dump
-from raysent.config import with_overrides
+from raysent.config import no_search_part, with_overrides
 from raysent.errors import RaysentError
 
 if TYPE_CHECKING:
@@ -53,6 +53,8 @@ def run(args) -> int:
     if not path:
         raise RaysentError("raysent tune: give the experiment YAML (raysent tune FILE.yaml, or --config FILE.yaml)")
     cfg = resolve_config(path, parse_set(args.set))
+    if cfg.search is None and not args.final_only:  # before the search's modules (torch, Ray, MLflow) load
+        raise no_search_part(path)
     if args.address:
         cfg = with_overrides(cfg, {"resources.address": args.address})
     if args.dry_run:

@@ -31,6 +31,7 @@ import numpy as np
 
 from raysent.errors import RaysentError, did_you_mean
 from raysent.eval.geometry import evaluate_geometry
+from raysent.eval.names import EVAL_TASKS
 from raysent.eval.results import Evaluation, TaskResult
 from raysent.eval.retrieval import evaluate_search
 from raysent.eval.senteval import evaluate_senteval
@@ -39,7 +40,6 @@ from raysent.eval.sts17 import evaluate_sts17
 
 # Lazy imports: raysent's heavier modules (heavy, and only the functions that need them import them).
 
-EVAL_TASKS = ("sts", "senteval", "search", "geometry", "sts17")
 TASK_TITLES = {"sts": "STS", "senteval": "SentEval transfer", "search": "Semantic search", "geometry": "Geometry",
                "sts17": "STS17"}
 

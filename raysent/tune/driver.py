@@ -43,7 +43,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from raysent.config import ExperimentConfig, hyperparameters, with_overrides
+from raysent.config import ExperimentConfig, hyperparameters, no_search_part, with_overrides
 from raysent.errors import Interrupted, RaysentError
 from raysent.preflight import check_resources, preflight
 from raysent.report.compare import compare
@@ -359,8 +359,7 @@ def tune_experiment(cfg: ExperimentConfig, resume: bool = False, final_only: boo
     off), so that the summary compares the two paired over seeds."""
     say = _say(quiet)
     if not final_only and cfg.search is None:
-        raise RaysentError(f"{source}: `raysent tune` needs a 'search' part (space, metric, num_samples, ...); "
-                           "use `raysent train` for one configuration, or --final-only to run the seeds only")
+        raise no_search_part(source)
     cfg = with_absolute_storage(cfg)  # trials run in their own folders (and on other nodes)
     exp = experiment_dir(cfg)
     state = SearchState.load(exp) if resume else None

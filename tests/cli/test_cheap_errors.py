@@ -1,6 +1,7 @@
 """Errors in the command line or the experiment file come back before torch, Ray or MLflow is imported: a
 missing, empty or malformed file, a bad --set, a bad --pooling, a pooling the model has no weights for, a missing or
-unknown method, a field of the wrong type, a misspelt hyperparameter, a search over one. The cases
+unknown method, a field of the wrong type, a misspelt hyperparameter, a search over one, an unknown evaluation task
+or STS set, `raysent tune` on a file without a search. The cases
 run one after the other in one fresh interpreter (one start, not one per case), which notes after each what it has
 imported: the test asserts on that, not on seconds (the CLI imported torch through raysent.api before it looked at
 the file, 3-4 s for a file that does not exist)."""
@@ -44,6 +45,10 @@ CASES = {
                                   "you mean 'temperature'?); allowed keys: pooling, temperature"),
     "a bad search value": (["tune", "space.yaml", "--dry-run"], "space.yaml:7: search.space.temperature: the value "
                            "-1.0 is not valid: got -1.0: Input should be greater than 0"),
+    "an unknown task": (["tune", "task.yaml"], "task.yaml:4: eval.tasks.1: got 'stss': unknown evaluation task "
+                        "'stss' (did you mean 'sts'?)"),
+    "an unknown STS set": (["tune", "sets.yaml"], "sets.yaml:4: eval.sts_sets: got ['sts99']: unknown STS set"),
+    "no search part": (["tune", "nosearch.yaml", "--dry-run"], "nosearch.yaml: `raysent tune` needs a 'search' part"),
     "no file named": (["tune"], "give the experiment YAML"),
     "bad --set": (["tune", "missing.yaml", "--set", "lr"], "--set 'lr': expected KEY=VALUE"),
     "bad --pooling": (["export", "raw-bert-mini-mlm", "out", "--pooling", "avg"], "unknown --pooling 'avg'; allowed:"),
@@ -69,6 +74,9 @@ def test_cheap_errors_are_one_line_before_torch_ray_or_mlflow(tmp_path):
     head = "name: x\nmethod: simcse-unsup\nmodel: {name: raw-bert-mini-mlm}\n"
     (tmp_path / "lr.yaml").write_text(head + "train: {lr: abc}\n")
     (tmp_path / "params.yaml").write_text(head + "params: {temprature: 0.1}\n")
+    (tmp_path / "task.yaml").write_text(head + "eval: {tasks: [sts, stss]}\n")
+    (tmp_path / "sets.yaml").write_text(head + "eval: {sts_sets: [sts99]}\n")
+    (tmp_path / "nosearch.yaml").write_text(head)
     (tmp_path / "space.yaml").write_text(head + "search:\n  algorithm: grid\n  space:\n"
                                          "    temperature: {type: choice, values: [0.05, -1.0]}\n")
     argvs = [argv for argv, _ in CASES.values()] + [["--help"], ["export", "--help"]]
