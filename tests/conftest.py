@@ -283,11 +283,12 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_sessionfinish(session):
-    """RAYSENT_TEST_DURATIONS=PATH: the seconds per file of this run, in tests/durations.json's form (written by the
-    xdist controller, which sees every worker's reports)."""
-    if not hasattr(session.config, "workerinput"):
-        shutil.rmtree(os.environ["RAYSENT_CACHE_DIR"], ignore_errors=True)
+    """In the first process (xdist's controller, which sees every worker's reports): remove the run's cache folder and,
+    with RAYSENT_TEST_DURATIONS=PATH, write the seconds per file of this run in tests/durations.json's form."""
+    if hasattr(session.config, "workerinput"):
+        return
+    shutil.rmtree(os.environ["RAYSENT_CACHE_DIR"], ignore_errors=True)
     out = os.environ.get("RAYSENT_TEST_DURATIONS")
-    if out and _measured and not hasattr(session.config, "workerinput"):
+    if out and _measured:
         Path(out).write_text(json.dumps({"measured": "seconds per file, setup to teardown", "seconds": dict(
             sorted(((k, round(v, 1)) for k, v in _measured.items()), key=lambda kv: -kv[1]))}, indent=1) + "\n")

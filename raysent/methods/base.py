@@ -26,6 +26,7 @@ from raysent.models.pooling import inference_pooling, pool, uses_mlp
 
 __all__ = ["PREVIOUS_STAGE_BEST", "Gatherer", "LossOutput", "Method", "MethodParams", "PoolingParams", "Speedups"]
 
+
 class Gatherer:
     """Identity gatherer (one worker). The distributed one lives in raysent.train.gather."""
 

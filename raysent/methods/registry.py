@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from raysent.errors import RaysentError, did_you_mean
 from raysent.methods.base import Method
 from raysent.methods.baseline import Baseline
 from raysent.methods.consert import ConSERT
@@ -11,6 +10,7 @@ from raysent.methods.sbert_nli import SBERTNLI
 from raysent.methods.sg import SelfGuided, SelfGuidedOpt
 from raysent.methods.simcse_sup import SimCSESup
 from raysent.methods.simcse_unsup import SimCSEUnsup
+from raysent.methods.spec import get_spec
 from raysent.methods.supcon import SupCon
 
 METHODS: dict[str, type[Method]] = {
@@ -30,9 +30,5 @@ METHODS: dict[str, type[Method]] = {
 
 
 def get_method(name: str) -> type[Method]:
-    try:
-        return METHODS[name]
-    except KeyError:
-        raise RaysentError(
-            f"unknown method {name!r}{did_you_mean(name, METHODS)}; allowed: {', '.join(METHODS)}"
-        ) from None
+    get_spec(name)  # an unknown name: the one error, which lists the allowed names
+    return METHODS[name]

@@ -83,10 +83,8 @@ def key(reads: tuple[Mapping[str, Any], Sequence[torch.nn.Module]], embedding: M
     return h.hexdigest()
 
 
-def scores(compute: Callable[[], dict], key_of: Callable[[], str],
-           log: Callable[[str], None] | None = None) -> dict:
-    """The stored scores of ``key_of()``, else ``compute()``'s, stored for the next run."""
-    k = key_of()
+def scores(compute: Callable[[], dict], k: str, log: Callable[[str], None] | None = None) -> dict:
+    """The scores stored under the key ``k``, else ``compute()``'s, stored for the next run."""
     path = cache_dir() / SUBDIR / f"{k}.json"
     try:
         stored = json.loads(path.read_text())["scores"]

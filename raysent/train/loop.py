@@ -320,8 +320,8 @@ def validate(run: Run, initial: bool = False) -> dict:
             e = run.embedder
             embedding = {"max_length": e.max_length, "batch_size": e.batch_size, "device": e.device.type}
             dev_sets = run.dev_sets
-            scores = initial_dev.scores(
-                compute, lambda: initial_dev.key(run.method.embeds_with(), embedding, dev_sets), hooks.log)
+            scores = initial_dev.scores(compute, initial_dev.key(run.method.embeds_with(), embedding, dev_sets),
+                                        hooks.log)
         else:
             scores = compute()
     scores = hooks.broadcast(scores)

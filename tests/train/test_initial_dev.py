@@ -93,20 +93,20 @@ def test_a_stored_score_is_read_and_a_broken_or_unwritable_store_is_computed(tmp
         calls.append(1)
         return {"dev/stsb:dev": 41.5, "dev_spearman": 41.5}
 
-    first = initial_dev.scores(compute, lambda: "k1", said.append)
-    second = initial_dev.scores(compute, lambda: "k1", said.append)
+    first = initial_dev.scores(compute, "k1", said.append)
+    second = initial_dev.scores(compute, "k1", said.append)
     assert first == second == {"dev/stsb:dev": 41.5, "dev_spearman": 41.5} and len(calls) == 1
     stored = tmp_path / "cache" / initial_dev.SUBDIR / "k1.json"
     assert json.loads(stored.read_text()) == {"scores": first}
     assert said == [f"step 0: the untuned model's dev scores as an earlier run computed them ({stored})"]
     stored.write_text('{"scores": ')  # cut short: computed again, and stored whole
-    assert initial_dev.scores(compute, lambda: "k1", said.append) == first and len(calls) == 2
+    assert initial_dev.scores(compute, "k1", said.append) == first and len(calls) == 2
     assert json.loads(stored.read_text()) == {"scores": first}
     # a cache folder that cannot be made: the run goes on with its own scores and says how to fix it
     (tmp_path / "file").write_text("")
     monkeypatch.setenv("RAYSENT_CACHE_DIR", str(tmp_path / "file"))
     said.clear()
-    assert initial_dev.scores(compute, lambda: "k2", said.append) == first and len(calls) == 3
+    assert initial_dev.scores(compute, "k2", said.append) == first and len(calls) == 3
     assert len(said) == 1 and said[0].startswith("NOTE: could not keep") and "RAYSENT_CACHE_DIR" in said[0]
 
 
