@@ -145,13 +145,15 @@ class Method(MethodSpec, nn.Module):
         mlp = self.mlp if uses_mlp(pooling, training=False) else None
         return self.encoder.embed(tok, pooling, mlp=mlp)
 
-    def embeds_with(self) -> tuple[dict[str, Any], list[nn.Module]]:
-        """What :meth:`embed` reads: a description (its pooling) and the modules whose weights it uses. The untuned
-        model's dev scores are reused under these (:mod:`raysent.train.initial_dev`), so a method that overrides
-        ``embed`` overrides this too (tests/train/test_initial_dev.py holds every registered method to it)."""
+    def embeds_with(self) -> tuple[dict[str, Any], list[dict[str, torch.Tensor]]]:
+        """What :meth:`embed` reads: a description (its pooling) and the weights it uses, as state dicts (not a
+        pooler drawn at random that the pooling never reads: :meth:`Encoder.weights_read`). The untuned model's dev
+        scores are reused under these (:mod:`raysent.train.initial_dev`), so a method that overrides ``embed``
+        overrides this too (tests/train/test_initial_dev.py holds every registered method to it)."""
         pooling = self.inference_pooling()
         mlp = self.mlp if uses_mlp(pooling, training=False) else None
-        return {"pooling": pooling}, [self.encoder] + ([mlp] if mlp is not None else [])
+        return {"pooling": pooling}, [self.encoder.weights_read(pooling, mlp)] + (
+            [mlp.state_dict()] if mlp is not None else [])
 
     def inference_head(self) -> nn.Module | None:
         """The trained head the inference pooling reads (SimCSE's [CLS] MLP), saved with the model."""

@@ -46,7 +46,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch import nn
 from torch.nn import functional as F
 
 from raysent.methods.base import (
@@ -84,10 +83,10 @@ class ConSERT(ConSERTSpec, Method):
             return super().embed(tok)
         return self.encoder.embed(tok, self.params.select_pooling)
 
-    def embeds_with(self) -> tuple[dict[str, Any], list[nn.Module]]:
+    def embeds_with(self) -> tuple[dict[str, Any], list[dict[str, torch.Tensor]]]:
         if self.params.select_pooling is None:
             return super().embeds_with()
-        return {"pooling": self.params.select_pooling}, [self.encoder]
+        return {"pooling": self.params.select_pooling}, [self.encoder.weights_read(self.params.select_pooling)]
 
     # ------------------------------------------------------------ views
     def encode_views(self, tok: dict, row_views: list[str], noise=None, capture=None) -> torch.Tensor:

@@ -26,7 +26,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch import nn
 
 from raysent.methods.base import LossOutput, Method
 from raysent.methods.losses import hard_negative_loss, info_nce
@@ -59,8 +58,11 @@ class LayerAtt(LayerAttSpec, Method):
             return self.pooled(tok)
         return self.encoder.embed(tok, "cls_before_pooler")
 
-    def embeds_with(self) -> tuple[dict[str, Any], list[nn.Module]]:
-        return {"pooling": self.inference_pooling()}, [self.encoder, self.pooler]
+    def embeds_with(self) -> tuple[dict[str, Any], list[dict[str, torch.Tensor]]]:
+        pooling = self.inference_pooling()
+        if pooling == "layeratt":
+            return {"pooling": pooling}, [self.encoder.weights_read(pooling, self.pooler), self.pooler.state_dict()]
+        return {"pooling": pooling}, [self.encoder.weights_read(pooling)]
 
     def inference_head(self):
         return self.pooler

@@ -232,6 +232,17 @@ class Encoder(nn.Module):
             return None
         return nn.Sequential(pooler.dense, pooler.activation)
 
+    def weights_read(self, pooling: str, mlp: nn.Module | None = None) -> dict[str, torch.Tensor]:
+        """The weights :meth:`embed` reads with ``pooling`` (and ``mlp``, when given), by state-dict name: the model's
+        own pooler only for a pooling that reads it through :meth:`pooler_mlp` (so a pooler the checkpoint lacked,
+        drawn at random from the run's seed, is not among them), the saved head only for ``layeratt`` without one
+        given. The untuned model's dev scores are shared under a digest of these (raysent.train.initial_dev)."""
+        reads_pooler = uses_mlp(pooling, training=False) and pooling != "layeratt" and mlp is None
+        reads_head = pooling == "layeratt" and mlp is None
+        skip = tuple(p for p, read in (("model.pooler.", reads_pooler and self.pooler_mlp() is not None),
+                                       ("head.", reads_head)) if not read)
+        return {k: v for k, v in self.state_dict().items() if not k.startswith(skip)}
+
     # ----------------------------------------------------------------- forward
     def forward(
         self,

@@ -84,6 +84,50 @@ def test_equal_keys_embed_alike_and_a_seeded_head_or_a_setting_makes_a_new_key(t
     assert len(keys) == 5
 
 
+@pytest.mark.shared
+def test_a_pooler_the_checkpoint_lacked_is_no_part_of_the_key():
+    """raw-bert-mini-mlm (MLM-only) has no pooler weights: each run draws one from its seed, and no pooling but
+    ``cls`` with the model's own trained pooler reads it. Two seeds of mean-pooled SimCSE embed alike, so their
+    key is one (it was one per seed: a search on 3 seeds scored the same model 3 times at step 0)."""
+    from conftest import RAW_BERT
+
+    sets = _sets()
+    a, b = (_method(RAW_BERT, "simcse-unsup", seed=s, pooling="mean") for s in (1, 2))
+    assert "pooler.dense.weight" in a.encoder.random_init
+    assert not torch.equal(a.encoder.state_dict()["model.pooler.dense.weight"],
+                           b.encoder.state_dict()["model.pooler.dense.weight"])  # drawn from each seed
+    assert _key(a, sets) == _key(b, sets)
+    tok = a.encoder.tokenizer(["a man is playing a guitar.", "two dogs run on the beach."], padding=True,
+                              return_tensors="pt")
+    with torch.inference_mode():
+        assert torch.equal(a.embed(dict(tok)), b.embed(dict(tok)))
+    assert not any(k.startswith("model.pooler.") for k in a.encoder.weights_read("mean"))
+
+
+def test_runs_that_start_together_compute_a_key_once(tmp_path, monkeypatch):
+    """A second run asking for a key while the first computes it waits for the first's file (the lock is the
+    file's), and reads it."""
+    import threading
+
+    monkeypatch.setenv("RAYSENT_CACHE_DIR", str(tmp_path / "cache"))
+    computing, calls, said = threading.Event(), [], []
+
+    def slow() -> dict:
+        calls.append(1)
+        computing.set()
+        threading.Event().wait(0.5)  # the second run asks meanwhile
+        return {"dev_spearman": 40.0}
+
+    first: list[dict] = []
+    t = threading.Thread(target=lambda: first.append(initial_dev.scores(slow, "k", said.append)))
+    t.start()
+    assert computing.wait(10)
+    second = initial_dev.scores(slow, "k", said.append)
+    t.join()
+    assert first == [second] == [{"dev_spearman": 40.0}] and len(calls) == 1
+    assert len(said) == 1 and said[0].startswith("step 0: the untuned model's dev scores as an earlier run")
+
+
 def test_a_stored_score_is_read_and_a_broken_or_unwritable_store_is_computed(tmp_path, monkeypatch):
     monkeypatch.setenv("RAYSENT_CACHE_DIR", str(tmp_path / "cache"))
     calls: list[int] = []
