@@ -45,6 +45,10 @@ def test_the_documented_example_runs_as_shown(ray_cluster, tmp_path, monkeypatch
     assert all(isinstance(r, RunRecord) for r in result.records)
     assert sorted((r.phase, r.seed) for r in result.records if r.config_id == result.summary.best.config_id) \
         == [("final", 1), ("final", 2), ("search", 1)]
+    # the search trained the winner on seed 1 as the final phase would: that run is evaluated, not trained again
+    by = {(r.phase, r.seed): r for r in result.records if r.config_id == result.summary.best.config_id}
+    assert by[("final", 1)].trained_in == by[("search", 1)].filename and by[("final", 2)].trained_in is None
+    assert by[("final", 1)].dev_curve == by[("search", 1)].dev_curve and by[("final", 1)].scores
     winner = result.table[result.table["row"].str.contains("searched best")]
     assert len(winner) == 1
     assert winner["stsb_mean"].iloc[0] == pytest.approx(result.summary.final.scores["sts/stsb"].mean)

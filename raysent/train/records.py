@@ -127,6 +127,8 @@ class RunRecord(BaseModel):
     wall_seconds: float | None = None
     finished_at: float | None = None
     stopped: StoppedBy | None = Field(None, description="by whom and at which step a scheduler ended it")
+    trained_in: str | None = Field(None, description="final phase: the search run (its record's file) that trained "
+                                   "this configuration on this seed as this run would, whose best model it evaluates")
     # evaluation (final phase)
     scores: dict[str, float] = Field(default_factory=dict, description="the test metrics, flat (eval.metrics())")
     eval: Evaluation | None = Field(None, description="each test task's full result")

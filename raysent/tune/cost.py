@@ -76,20 +76,28 @@ def estimate_seconds(cfg: ExperimentConfig, arm: str, est: Estimate) -> dict:
     evals = (steps // cfg.train.eval_every + 2) if steps else 1
     train = steps * per_step + evals * est.dev_eval_seconds + est.run_overhead_seconds
     final = len(cfg.seeds)
-    search = trials = 0
+    search = trials = reused = 0
     if arm == "searched":
         plan = SearchPlan.of(cfg)
         search, trials = plan.runs, plan.trials
+        # the winner's final runs on seeds the search trained it on evaluate those runs (raysent.tune.trial.
+        # trained_in_search), unless a scheduler or pruner may have stopped them
+        if cfg.search is not None and cfg.search.early_stopping is None:
+            reused = len(set(cfg.seeds) & set(plan.seeds))
+    trained = final - reused
     conc = max(1, cfg.search.max_concurrent_trials if cfg.search else 1)
-    run_seconds = search * train + final * (train + est.test_eval_seconds)
+    run_seconds = (search * train + trained * train + final * est.test_eval_seconds
+                   + reused * est.run_overhead_seconds)
     # trials run in rounds of `conc` (a last, partial round leaves workers idle); a trial that trains its
     # configuration's seeds in turns takes search / trials runs' time
     wall = (math.ceil(trials / conc) * train * (search // max(trials, 1))
-            + math.ceil(final / conc) * (train + est.test_eval_seconds)
+            + math.ceil(trained / conc) * train
+            + math.ceil(final / conc) * est.test_eval_seconds + math.ceil(reused / conc) * est.run_overhead_seconds
             + est.phase_overhead_seconds * (2 if search else 1))
     r = cfg.resources
     gpus = (r.workers or 1) * planned_gpus(cfg)
-    return {"search_runs": search, "final_runs": final, "steps_per_run": steps, "seconds": wall,
+    return {"search_runs": search, "final_runs": final, "final_runs_reused": reused, "steps_per_run": steps,
+            "seconds": wall,
             "gpu_seconds": run_seconds * gpus}
 
 
@@ -111,6 +119,7 @@ def rough_estimate(cfg: ExperimentConfig, searched: bool) -> dict[str, Any]:
     except RaysentError as exc:
         return {"unknown": str(exc)}
     return {"optimizer steps per run": e["steps_per_run"], "runs": e["search_runs"] + e["final_runs"],
+            "final runs that evaluate a search run": e["final_runs_reused"],
             "wall minutes": round(e["seconds"] / 60, 1),
             "model": "1 s per step at batch 64 × length 32 (CPU), scaled by batch × length; a suite file's "
                      "`estimate` calibrates it"}

@@ -206,6 +206,7 @@ def plan(path: str | Path, only: list[str] | None = None) -> dict:
         gpu += e["gpu_seconds"]
         rows.append({"experiment": cfg.name, "method": cfg.method, "arm": arm, "status": status(cfg),
                      "search runs": e["search_runs"], "final runs": e["final_runs"],
+                     "final runs that evaluate a search run": e["final_runs_reused"],
                      "steps per run": e["steps_per_run"], "batch": cfg.train.batch_size,
                      "estimated wall minutes": round(e["seconds"] / 60, 1),
                      **({"searched": sorted(cfg.search.space)} if arm == "searched" and cfg.search else {})})

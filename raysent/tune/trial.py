@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import sys
 import time
 from functools import partial
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from raysent.config import ExperimentConfig, hyperparameters, parse_config, with_overrides
+from raysent.errors import RaysentError
 from raysent.eval.results import Evaluation
 from raysent.eval.suite import evaluate_tasks
 from raysent.models.encoder import Encoder
@@ -308,16 +310,72 @@ def reported(record: RunRecord, metric: str) -> dict[str, float]:
     return {metric: float(last.get(metric, math.nan))}
 
 
+# what a run's training depends on, by part of the experiment; a search run and a final run of one configuration
+# and seed that agree on all of it train the same steps (the final phase adds its test sets, eval.*)
+_TRAINED_BY = ("method", "model", "data", "train", "params")
+
+
+def trained_in_search(ctx: TrialContext, cfg: ExperimentConfig, hp: dict, seed: int) -> RunRecord | None:
+    """Final phase: the search's finished run of this configuration and seed, when it trained as this run would
+    (the same method, model, data, training settings and parameters, on as many workers) and its best model is on
+    this process's disk; else None. The main job's search trains both arms of its final phase on both seeds
+    (search.seeds 2): its final phase then evaluates those four models instead of training them again."""
+    if ctx.phase != "final":
+        return None
+    path = Path(ctx.exp_dir) / "runs" / RunIdentity(phase="search", hp=hp, seed=seed,
+                                                    config_id=config_id(hp)).filename(ctx.run)
+    if not path.is_file():
+        return None
+    try:
+        searched = read_record(path)
+    except RaysentError:  # a broken record: that run is trained again
+        return None
+    if searched.stopped is not None or not searched.best_model_dir or searched.trained_in:
+        return None
+    best = Path(searched.best_model_dir)
+    if not (best / "raysent.json").is_file():  # trained on another node, or removed
+        return None
+    ours, theirs = cfg.to_dict(), searched.config
+
+    def training(c: dict) -> dict:
+        train = {k: v for k, v in c.get("train", {}).items() if k != "output_dir"}
+        return {**{k: c.get(k) for k in _TRAINED_BY}, "train": train,
+                "workers": (c.get("resources") or {}).get("workers")}
+
+    return searched if training(ours) == training(theirs) else None
+
+
+def reuse_search_run(searched: RunRecord, cfg: ExperimentConfig, live: LiveRun | None) -> dict[str, Any]:
+    """The record fields (:func:`training_fields`) of a final run whose training the search did: its best model
+    linked into this run's folder, its dev curve logged into this run's MLflow run."""
+    from raysent.train.loop import link_tree
+
+    best = cfg.output_dir() / "best"
+    if best.exists():
+        shutil.rmtree(best)
+    best.parent.mkdir(parents=True, exist_ok=True)
+    link_tree(Path(str(searched.best_model_dir)), best)
+    if live is not None:
+        for point in searched.dev_curve:
+            live.log(point.scores(), point.step)
+    fields = ("transductive", "best_dev_spearman", "best_step", "initial_dev", "dev_curve", "final_step",
+              "train_seconds", "sentences_per_second", "workers")
+    return {**{k: getattr(searched, k) for k in fields}, "best_model_dir": str(best), "trained_in": searched.filename}
+
+
 def train_and_record(cfg: ExperimentConfig, ctx: TrialContext, hp: dict, seed: int, trial_id: str,
                      identity: RunIdentity) -> RunRecord:
-    """Train one trial's run with its MLflow run live, evaluate it (final phase), write its record."""
+    """Train one trial's run with its MLflow run live, evaluate it (final phase), write its record. A final run the
+    search trained already (:func:`trained_in_search`) is evaluated, not trained again."""
     started = time.time()
     live = open_live_run(ctx, cfg, identity)
     try:
-        summary = train_trial(cfg, live)
+        searched = trained_in_search(ctx, cfg, hp, seed)
+        trained = (reuse_search_run(searched, cfg, live) if searched is not None
+                   else training_fields(train_trial(cfg, live)))
         final: dict[str, Any] = {}
         if ctx.phase == "final":
-            evaluation = evaluate_final(cfg, str(summary.best_model_dir))
+            evaluation = evaluate_final(cfg, str(trained["best_model_dir"]))
             final.update(eval=evaluation, scores=evaluation.metrics())
     except BaseException as exc:
         if live is not None:
@@ -325,7 +383,7 @@ def train_and_record(cfg: ExperimentConfig, ctx: TrialContext, hp: dict, seed: i
             failed = isinstance(exc, Exception)
             live.fail(f"{type(exc).__name__}: {exc}" if failed else "interrupted", "FAILED" if failed else "KILLED")
         raise
-    record = build_record(ctx, cfg, hp, seed, trial_id, **training_fields(summary), **final,
+    record = build_record(ctx, cfg, hp, seed, trial_id, **trained, **final,
                           wall_seconds=time.time() - started, finished_at=time.time())
     record = save_record(record_path(ctx, record), record, cfg, ctx, live=live)
     drop_checkpoints(cfg)  # before the last report, after which Tune may end this process

@@ -72,3 +72,46 @@ def test_a_search_left_between_the_two_final_phases_resumes_with_the_warm_start_
     assert state.phase == "publish" and state.paper.errors == [config_id(WARM)] and state.vs_paper is not None
     assert state.final.errors == [config_id(BEST)]
     assert final_run_name(calls[0], "r1") == "final-paper-r1"  # the Tune run the earlier raysent started
+
+
+def test_a_final_run_the_search_trained_alike_is_reused_and_no_other(tmp_path):
+    """trial.trained_in_search: the search's finished run of the same configuration and seed, trained with the same
+    method, model, data, training settings and parameters, whose best model is on this disk, is the final run's
+    training; a stopped one, one trained otherwise, one whose model is gone, a seed the search did not train: None."""
+    from raysent.train.records import RunRecord
+    from raysent.tune.trial import TrialContext, resolve_trial, trained_in_search
+
+    cfg = parse_config({**CONFIG, "tracking": {"results_dir": str(tmp_path)}})
+    exp = tmp_path / "warm"
+    ctx = TrialContext(config=cfg.to_dict(), source="<test>", phase="final", run="r1", exp_dir=str(exp),
+                       metric="best_dev_spearman", arms={"": BEST})
+    _, seed, _, final_cfg = resolve_trial({"seed": 1}, ctx, "t0001")
+    search_ctx = ctx.model_copy(update={"phase": "search"})
+    _, _, _, search_cfg = resolve_trial({"lr": BEST["lr"]}, search_ctx, "s0001")
+    assert search_cfg.train.output_dir != final_cfg.train.output_dir  # each trial's own folder
+    best = tmp_path / "search-best"
+    best.mkdir()
+    (best / "raysent.json").write_text("{}")
+
+    def searched(**changes) -> RunRecord:
+        fields = {"config": search_cfg.to_dict(), **changes}
+        rec = RunRecord(experiment="warm", phase="search", search="r1", config_id=config_id(BEST), hp=BEST, seed=1,
+                        method="simcse-unsup", model="raw-bert-mini-mlm", best_dev_spearman=50.0, best_step=4,
+                        final_step=4, best_model_dir=str(best), **fields)
+        rec.to_disk(exp / "runs" / rec.filename)
+        return rec
+
+    assert trained_in_search(ctx, final_cfg, BEST, 1) is None  # the search has no such run
+    rec = searched()
+    assert trained_in_search(ctx, final_cfg, BEST, 1) == rec
+    assert trained_in_search(ctx, final_cfg, BEST, 2) is None  # seed 2: not searched
+    assert trained_in_search(search_ctx, search_cfg, BEST, 1) is None  # only the final phase reuses
+    other = search_cfg.to_dict()
+    other["train"]["max_steps"] = 99
+    searched(config=other)
+    assert trained_in_search(ctx, final_cfg, BEST, 1) is None  # trained otherwise
+    searched(stopped={"by": "asha", "at_step": 2})
+    assert trained_in_search(ctx, final_cfg, BEST, 1) is None  # a scheduler stopped it
+    searched()
+    (best / "raysent.json").unlink()
+    assert trained_in_search(ctx, final_cfg, BEST, 1) is None  # its model is not on this disk

@@ -120,4 +120,9 @@ def test_the_plan_counts_one_trial_per_configuration_and_every_seed_s_run():
     est = [estimate_seconds(with_overrides(c, one), "searched", Estimate()) for c in
            (cfg, with_overrides(cfg, {"search.scheduler": None}))]
     assert est[0]["search_runs"] == est[1]["search_runs"] == 6
-    assert est[0]["seconds"] == pytest.approx(est[1]["seconds"])
+    # ... and the final phase: with the scheduler, which may stop the winner's seeds 3 and 5, both train again;
+    # without, they are the search's runs, evaluated (raysent.tune.trial.trained_in_search): two trainings less
+    assert (est[0]["final_runs_reused"], est[1]["final_runs_reused"]) == (0, 2)
+    e, s = Estimate(), 6 * Estimate().step_seconds["default"] * 16 * 24 / (64 * 32)
+    train = s + (6 // 2 + 2) * e.dev_eval_seconds + e.run_overhead_seconds
+    assert est[0]["seconds"] - est[1]["seconds"] == pytest.approx(2 * train - 2 * e.run_overhead_seconds)
