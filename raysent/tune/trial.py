@@ -345,16 +345,30 @@ def trained_in_search(ctx: TrialContext, cfg: ExperimentConfig, hp: dict, seed: 
     return searched if training(ours) == training(theirs) else None
 
 
+_LINKED = 1 << 20  # files this large (the weights) are hard-linked; smaller ones, which publishing rewrites, copied
+
+
+def _link_weights(src: str, dst: str) -> None:
+    """A final run's best model from its search run's: the weights hard-linked where the disk allows, every small
+    file (the model card, raysent.json, the tokenizer's) copied, so that writing the final run's card (publish)
+    leaves the search run's as it was."""
+    if os.path.getsize(src) >= _LINKED:
+        try:
+            os.link(src, dst)
+            return
+        except OSError:
+            pass
+    shutil.copy2(src, dst)
+
+
 def reuse_search_run(searched: RunRecord, cfg: ExperimentConfig, live: LiveRun | None) -> dict[str, Any]:
     """The record fields (:func:`training_fields`) of a final run whose training the search did: its best model
     linked into this run's folder, its dev curve logged into this run's MLflow run."""
-    from raysent.train.loop import link_tree
-
     best = cfg.output_dir() / "best"
     if best.exists():
         shutil.rmtree(best)
     best.parent.mkdir(parents=True, exist_ok=True)
-    link_tree(Path(str(searched.best_model_dir)), best)
+    shutil.copytree(Path(str(searched.best_model_dir)), best, copy_function=_link_weights)
     if live is not None:
         for point in searched.dev_curve:
             live.log(point.scores(), point.step)

@@ -115,3 +115,30 @@ def test_a_final_run_the_search_trained_alike_is_reused_and_no_other(tmp_path):
     searched()
     (best / "raysent.json").unlink()
     assert trained_in_search(ctx, final_cfg, BEST, 1) is None  # its model is not on this disk
+
+
+def test_a_reused_run_shares_the_weights_and_owns_its_card(tmp_path):
+    """The final run's best model is the search run's: its weights hard-linked, its small files copied, so that the
+    card publishing writes into the final run's folder leaves the search run's card as it was."""
+    from raysent.methods.card import write_card
+    from raysent.train.records import RunRecord
+    from raysent.tune.trial import reuse_search_run
+
+    cfg = parse_config({**CONFIG, "train": {"lr": 1.0e-4, "output_dir": str(tmp_path / "final" / "seed1")}})
+    searched_best = tmp_path / "search" / "best"
+    searched_best.mkdir(parents=True)
+    (searched_best / "model.safetensors").write_bytes(b"\0" * (2 << 20))
+    (searched_best / "raysent.json").write_text('{"method": "simcse-unsup", "pooling": "mean"}')
+    (searched_best / "README.md").write_text("the search run's card\n")
+    searched = RunRecord(experiment="warm", phase="search", search="r1", config_id="c", hp={}, seed=1,
+                         method="simcse-unsup", model="m", config={}, best_dev_spearman=50.0, best_step=4,
+                         final_step=4, dev_curve=[{"step": 0, "dev_spearman": 40.0}, {"step": 4, "dev_spearman": 50.0}],
+                         best_model_dir=str(searched_best))
+    fields = reuse_search_run(searched, cfg, live=None)
+    best = tmp_path / "final" / "seed1" / "best"
+    assert fields["best_model_dir"] == str(best) and fields["trained_in"] == searched.filename
+    assert fields["best_dev_spearman"] == 50.0 and [p.step for p in fields["dev_curve"]] == [0, 4]
+    assert (best / "model.safetensors").stat().st_ino == (searched_best / "model.safetensors").stat().st_ino
+    write_card(best, results="the final phase's table")
+    assert (searched_best / "README.md").read_text() == "the search run's card\n"
+    assert "the final phase's table" in (best / "README.md").read_text()
