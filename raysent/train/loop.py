@@ -179,13 +179,17 @@ def set_rng_state(st: dict) -> None:
         torch.cuda.set_rng_state_all(st["cuda"])
 
 
-def link_tree(src: Path, dst: Path) -> None:
-    """Copy a folder using hard links where the filesystem allows (checkpoints stay cheap)."""
+def link_tree(src: Path, dst: Path, copy_below: int = 0) -> None:
+    """Copy a folder using hard links where the filesystem allows (checkpoints stay cheap); files smaller than
+    ``copy_below`` bytes are copied, so that rewriting one in ``dst`` leaves ``src``'s as it was."""
     def link(s, d):
-        try:
-            os.link(s, d)
-        except OSError:
-            shutil.copy2(s, d)
+        if os.path.getsize(s) >= copy_below:
+            try:
+                os.link(s, d)
+                return
+            except OSError:
+                pass
+        shutil.copy2(s, d)
     shutil.copytree(src, dst, copy_function=link)
 
 

@@ -182,13 +182,14 @@ def resolve_trial(config: dict, ctx: TrialContext, trial_id: str,
     return hp, seed, config_id(hp), cfg
 
 
+# the run record's fields that come from the training summary, under the same names (best_model_dir besides)
+_TRAINING_FIELDS = ("transductive", "best_dev_spearman", "best_step", "initial_dev", "dev_curve", "final_step",
+                    "train_seconds", "sentences_per_second", "workers")
+
+
 def training_fields(summary: TrainSummary) -> dict[str, Any]:
     """The run record's fields that come from the training summary."""
-    return dict(transductive=summary.transductive, best_dev_spearman=summary.best_dev_spearman,
-                best_step=summary.best_step, initial_dev=summary.initial_dev, dev_curve=summary.dev_curve,
-                final_step=summary.final_step, train_seconds=summary.train_seconds,
-                sentences_per_second=summary.sentences_per_second, workers=summary.workers,
-                best_model_dir=summary.best_model_dir)
+    return {**{k: getattr(summary, k) for k in _TRAINING_FIELDS}, "best_model_dir": summary.best_model_dir}
 
 
 def trial_identity(ctx: TrialContext, hp: dict, seed: int, trial_id: str) -> RunIdentity:
@@ -330,7 +331,7 @@ def trained_in_search(ctx: TrialContext, cfg: ExperimentConfig, hp: dict, seed: 
         searched = read_record(path)
     except RaysentError:  # a broken record: that run is trained again
         return None
-    if searched.stopped is not None or not searched.best_model_dir or searched.trained_in:
+    if searched.stopped is not None or not searched.best_model_dir:
         return None
     best = Path(searched.best_model_dir)
     if not (best / "raysent.json").is_file():  # trained on another node, or removed
@@ -345,36 +346,26 @@ def trained_in_search(ctx: TrialContext, cfg: ExperimentConfig, hp: dict, seed: 
     return searched if training(ours) == training(theirs) else None
 
 
-_LINKED = 1 << 20  # files this large (the weights) are hard-linked; smaller ones, which publishing rewrites, copied
-
-
-def _link_weights(src: str, dst: str) -> None:
-    """A final run's best model from its search run's: the weights hard-linked where the disk allows, every small
-    file (the model card, raysent.json, the tokenizer's) copied, so that writing the final run's card (publish)
-    leaves the search run's as it was."""
-    if os.path.getsize(src) >= _LINKED:
-        try:
-            os.link(src, dst)
-            return
-        except OSError:
-            pass
-    shutil.copy2(src, dst)
+# a reused best model's files this large (the weights) are hard-linked; smaller ones (the model card, raysent.json,
+# the tokenizer's) are copied, so that publishing, which rewrites the final run's card, leaves the search run's alone
+_LINKED = 1 << 20
 
 
 def reuse_search_run(searched: RunRecord, cfg: ExperimentConfig, live: LiveRun | None) -> dict[str, Any]:
     """The record fields (:func:`training_fields`) of a final run whose training the search did: its best model
     linked into this run's folder, its dev curve logged into this run's MLflow run."""
+    from raysent.train.loop import link_tree
+
     best = cfg.output_dir() / "best"
     if best.exists():
         shutil.rmtree(best)
     best.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(Path(str(searched.best_model_dir)), best, copy_function=_link_weights)
+    link_tree(Path(str(searched.best_model_dir)), best, copy_below=_LINKED)
     if live is not None:
         for point in searched.dev_curve:
             live.log(point.scores(), point.step)
-    fields = ("transductive", "best_dev_spearman", "best_step", "initial_dev", "dev_curve", "final_step",
-              "train_seconds", "sentences_per_second", "workers")
-    return {**{k: getattr(searched, k) for k in fields}, "best_model_dir": str(best), "trained_in": searched.filename}
+    return {**{k: getattr(searched, k) for k in _TRAINING_FIELDS}, "best_model_dir": str(best),
+            "trained_in": searched.filename}
 
 
 def train_and_record(cfg: ExperimentConfig, ctx: TrialContext, hp: dict, seed: int, trial_id: str,
