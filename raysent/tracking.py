@@ -15,10 +15,13 @@ URIs are printed with any password removed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import shutil
 import time
+import uuid
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
@@ -55,13 +58,57 @@ def client(uri: str):
     return MlflowClient(tracking_uri=uri)
 
 
+def new_sqlite_store(path: Path, artifacts: Path) -> bool:
+    """Make the sqlite store ``path`` as a copy of an empty store made once per MLflow version under
+    ``$RAYSENT_CACHE_DIR/mlflow/`` (default ``~/.cache/raysent``), its Default experiment's artifacts in
+    ``artifacts/0``; a store another process put at ``path`` first is left as it is. False (and nothing at
+    ``path``) when that cannot be done: MLflow then makes the store itself.
+
+    MLflow makes a new store by running its schema migrations, ~60 of them: 3.5 CPU-s and ~4 s in a fresh
+    process, 2 CPU-s in one that made a store before; the copy takes 0.05 s (2026-11-29, 2 idle cores). The
+    copy holds what MLflow's own new store holds: the schema at MLflow's head revision, the default workspace
+    and the Default experiment."""
+    import sqlite3
+
+    import mlflow
+
+    from raysent.train.initial_dev import cache_dir
+
+    template = cache_dir() / "mlflow" / f"empty-store-{mlflow.__version__}.db"
+    copy = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
+    try:
+        if not template.is_file():
+            template.parent.mkdir(parents=True, exist_ok=True)
+            made = template.with_name(f".{template.name}.{uuid.uuid4().hex}")
+            client(f"sqlite:///{made}").search_experiments()  # MLflow creates and migrates it
+            os.replace(made, template)  # whole, or not there: a concurrent maker's copy is as good
+        shutil.copyfile(template, copy)
+        with contextlib.closing(sqlite3.connect(copy)) as db, db:
+            now = int(time.time() * 1000)
+            changed = db.execute("UPDATE experiments SET artifact_location = ?, creation_time = ?, "
+                                 "last_update_time = ? WHERE experiment_id = 0",
+                                 ((artifacts / "0").as_uri(), now, now)).rowcount
+        if changed != 1:
+            raise sqlite3.DatabaseError(f"{template} has no Default experiment")
+        with contextlib.suppress(FileExistsError):  # another search in this folder made one first: theirs
+            os.link(copy, path)
+        return True
+    except Exception:  # any failure: MLflow makes the store itself, as it always could
+        return False
+    finally:
+        copy.unlink(missing_ok=True)
+
+
 def ensure_experiment(cfg: ExperimentConfig) -> str | None:
     """Create the store and the experiment (driver side); its id, or None when tracking is off."""
     if not cfg.tracking.enabled:
         return None
     uri = tracking_uri(cfg)
     if uri.startswith("sqlite:///"):
-        Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+        store = Path(uri[len("sqlite:///"):])
+        store.parent.mkdir(parents=True, exist_ok=True)
+        if not store.exists():
+            new_sqlite_store(store, Path(cfg.tracking.results_dir).resolve() / "mlartifacts")
     c = client(uri)
     exp = c.get_experiment_by_name(experiment_name(cfg))
     if exp is not None:

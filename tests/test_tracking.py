@@ -1,10 +1,11 @@
 """A seed's live MLflow run (raysent.tracking.LiveRun) against a real sqlite store: the ``error`` tag says why a
-run ended badly, and only while that is still true."""
+run ended badly, and only while that is still true; a new store is a copy of an empty one MLflow made."""
 
 from __future__ import annotations
 
+from raysent import tracking
 from raysent.config import parse_config
-from raysent.tracking import LiveRun, client, ensure_experiment, tracking_uri
+from raysent.tracking import LiveRun, client, ensure_experiment, new_sqlite_store, tracking_uri
 from raysent.train.records import RunIdentity, RunRecord
 
 CONFIG = {"name": "tracked", "method": "simcse-unsup", "model": {"name": "raw-bert-mini-mlm"},
@@ -39,3 +40,42 @@ def test_a_resumed_run_that_finishes_no_longer_says_interrupted(tmp_path):
     assert run.data.metrics["best_dev_spearman"] == 50.0 and run.data.metrics["sts/stsb"] == 70.0
     assert run.data.tags["learned"] == "true" and run.data.tags["diverged"] == "unknown"
     assert [r.info.run_id for r in c.search_runs([experiment_id])] == [first.run_id]  # one run throughout
+
+
+def test_a_new_store_is_a_copy_of_an_empty_one_mlflow_made(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAYSENT_CACHE_DIR", str(tmp_path / "cache"))
+    first, second = tmp_path / "a" / "mlflow.db", tmp_path / "b" / "mlflow.db"
+    first.parent.mkdir()
+    second.parent.mkdir()
+    assert new_sqlite_store(first, tmp_path / "a" / "mlartifacts")  # MLflow makes the empty store, once
+    assert [p.name for p in (tmp_path / "cache" / "mlflow").iterdir()] == [f"empty-store-{_mlflow_version()}.db"]
+
+    def no_mlflow(uri):
+        raise AssertionError(f"MLflow asked to make {uri}")
+
+    with monkeypatch.context() as m:
+        m.setattr(tracking, "client", no_mlflow)
+        assert new_sqlite_store(second, tmp_path / "b" / "mlartifacts")  # a copy: no migrations
+    assert sorted(p.name for p in second.parent.iterdir()) == ["mlflow.db"]  # no temporary file left
+    # MLflow opens the copy (it refuses a store not at its schema's head revision) and writes runs and models
+    c = client(f"sqlite:///{second}")
+    assert [(e.name, e.artifact_location) for e in c.search_experiments()] == [
+        ("Default", (tmp_path / "b" / "mlartifacts" / "0").as_uri())]
+    run = c.create_run(c.create_experiment("x")).info.run_id
+    c.log_metric(run, "dev_spearman", 50.0)
+    c.create_registered_model("m")
+    assert c.get_run(run).data.metrics == {"dev_spearman": 50.0}
+    # a store already there is left as it is
+    assert new_sqlite_store(second, tmp_path / "elsewhere")
+    assert c.get_experiment_by_name("x") is not None and c.get_registered_model("m").name == "m"
+    # a cache folder that cannot be made: False and nothing made (MLflow then makes the store itself)
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("RAYSENT_CACHE_DIR", str(tmp_path / "file" / "cache"))
+    assert not new_sqlite_store(tmp_path / "c.db", tmp_path / "mlartifacts")
+    assert not (tmp_path / "c.db").exists() and not list(tmp_path.glob(".c.db.*"))
+
+
+def _mlflow_version() -> str:
+    import mlflow
+
+    return mlflow.__version__

@@ -17,7 +17,8 @@ from raysent.errors import RaysentError
 EPILOG = """environment:
   RAYSENT_DATA_DIR   folder with the layout of shared/data, looked at before the Hugging Face hub
   RAYSENT_MODEL_DIR  folder of save_pretrained model folders, looked at before the hub
-  RAYSENT_CACHE_DIR  where the untuned model's dev scores are kept for the next run (default ~/.cache/raysent)
+  RAYSENT_CACHE_DIR  where the untuned model's dev scores and an empty MLflow store are kept for the next run
+                     (default ~/.cache/raysent)
   HF_HUB_OFFLINE=1   never try the hub (fail fast with a message that says where raysent looked)
 """
 
