@@ -254,7 +254,8 @@ def ray_cluster():
 def tiny_experiment(tmp_path, name: str, search: str, seeds: str, sts_sets: str = "null", max_steps: int = 4,
                     tracking: str = "", resources: str = "", model: str = RAW_BERT) -> str:
     """A tiny SimCSE search on raw-bert-mini-mlm (256 STS sentences, a few steps) written to tmp_path; its
-    results under tmp_path/results."""
+    results under tmp_path/results. Evaluation in batches of 64: on one thread raw-bert-mini-mlm scores SICK-R
+    dev in 1.1 s, in batches of 256 in 1.3 s, to the same score (2026-11-29)."""
     text = f"""\
 name: {name}
 method: simcse-unsup
@@ -262,7 +263,7 @@ model: {{name: {model}}}
 data: {{train: sts-unlabeled, dev: sickr:dev, max_train_samples: 256}}
 train: {{batch_size: 16, max_steps: {max_steps}, eval_every: 2, max_length: 24, lr: 1.0e-4, eval_at_start: false}}
 params: {{pooling: mean}}
-eval: {{tasks: [sts], sts_sets: {sts_sets}, batch_size: 256, max_length: 64}}
+eval: {{tasks: [sts], sts_sets: {sts_sets}, batch_size: 64, max_length: 64}}
 seeds: {seeds}
 resources: {{cpus_per_worker: 0.9{resources}}}
 tracking: {{results_dir: {tmp_path / 'results'}{tracking}}}

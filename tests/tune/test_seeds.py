@@ -19,7 +19,7 @@ CONFIG = {
     "data": {"train": "sts-unlabeled", "dev": "sickr:dev", "max_train_samples": 96},
     "train": {"batch_size": 16, "max_steps": 6, "eval_every": 2, "max_length": 24, "lr": 1.0e-4},
     "params": {"pooling": "mean"},
-    "eval": {"tasks": ["sts"], "sts_sets": ["stsb"], "batch_size": 256, "max_length": 64},
+    "eval": {"tasks": ["sts"], "sts_sets": ["stsb"], "batch_size": 64, "max_length": 64},
     "seeds": [3, 5],
     "search": {"algorithm": "grid", "seeds": 2, "scheduler": {"type": "asha"},
                "space": {"lr": {"type": "choice", "values": [1.0e-4, 3.0e-4]}}},

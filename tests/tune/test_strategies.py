@@ -213,7 +213,8 @@ def test_wilcoxon_pruning_search_records_stops_and_publishes_its_budget_curve(ra
 
     from raysent.tune.driver import tune_experiment
 
-    cfg = load_config(experiment(tmp_path, "wx", WILCOXON_SEARCH, "[1, 2]", sts_sets="[stsb]", max_steps=8))
+    cfg = load_config(experiment(tmp_path, "wx", WILCOXON_SEARCH, "[1, 2]", sts_sets="[stsb]", max_steps=8,
+                                  tracking=", log_model: none"))  # the card and parent run, no model logged
     summary = tune_experiment(cfg, quiet=True)
     exp = tmp_path / "results" / "wx"
     records = [json.loads(p.read_text()) for p in sorted((exp / "runs").glob("search-*.json"))]

@@ -198,7 +198,8 @@ def test_an_interrupted_search_resumes_with_no_trial_lost_or_repeated(ray_cluste
     # Optuna with seeds (Tune's Repeater); a grid search, whose trials Tune creates one by one so that the
     # unstarted ones must count as missing, is interrupted and resumed in the ASHA test below. The search is the
     # point, not what it learns: the tiny random BERT
-    path = experiment(tmp_path, "resumable", RESUME_SEARCH, "[1]", sts_sets="[stsb]", model=tiny_bert)
+    path = experiment(tmp_path, "resumable", RESUME_SEARCH, "[1]", sts_sets="[stsb]", model=tiny_bert,
+                      tracking=", log_model: none")  # the registry is test_publish.py's
     runs = tmp_path / "results" / "resumable" / "runs"
     summary, _ = interrupt_and_resume(ray_cluster, path, runs, expected=4, trial_per_record=True)
     records = [record(p) for p in runs.glob("search-*.json")]
@@ -247,7 +248,8 @@ def test_asha_on_the_seed_mean_resumes_and_records_every_seed(ray_cluster, tmp_p
     from ray.tune import ExperimentAnalysis
 
     search = ASHA_SEARCH.replace("seeds: 1", "seeds: 2")
-    path = experiment(tmp_path, "asha-seeds", search, "[1]", sts_sets="[stsb]", max_steps=8)
+    path = experiment(tmp_path, "asha-seeds", search, "[1]", sts_sets="[stsb]", max_steps=8,
+                      tracking=", log_model: none")  # no model logged: ~3 CPU-s less (test_publish.py logs them)
     assert load_config(path).resources.workers is None
     exp = tmp_path / "results" / "asha-seeds"
     summary, recorded = interrupt_and_resume(ray_cluster, path, exp / "runs", expected=6)
