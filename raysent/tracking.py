@@ -65,7 +65,7 @@ def new_sqlite_store(path: Path, artifacts: Path) -> bool:
     ``path``) when that cannot be done: MLflow then makes the store itself.
 
     MLflow makes a new store by running its schema migrations, ~60 of them: 3.5 CPU-s and ~4 s in a fresh
-    process, 2 CPU-s in one that made a store before; the copy takes 0.05 s (2026-11-29, 2 idle cores). The
+    process, 2 CPU-s in one that made a store before; the copy takes 0.002 s (2026-11-29, 2 idle cores). The
     copy holds what MLflow's own new store holds: the schema at MLflow's head revision, the default workspace
     and the Default experiment."""
     import sqlite3
@@ -75,11 +75,11 @@ def new_sqlite_store(path: Path, artifacts: Path) -> bool:
     from raysent.train.initial_dev import cache_dir
 
     template = cache_dir() / "mlflow" / f"empty-store-{mlflow.__version__}.db"
+    made = template.with_name(f".{template.name}.{uuid.uuid4().hex}")
     copy = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
     try:
         if not template.is_file():
             template.parent.mkdir(parents=True, exist_ok=True)
-            made = template.with_name(f".{template.name}.{uuid.uuid4().hex}")
             client(f"sqlite:///{made}").search_experiments()  # MLflow creates and migrates it
             os.replace(made, template)  # whole, or not there: a concurrent maker's copy is as good
         shutil.copyfile(template, copy)
@@ -96,7 +96,9 @@ def new_sqlite_store(path: Path, artifacts: Path) -> bool:
     except Exception:  # any failure: MLflow makes the store itself, as it always could
         return False
     finally:
-        copy.unlink(missing_ok=True)
+        for half_made in (made, copy):
+            with contextlib.suppress(OSError):
+                half_made.unlink(missing_ok=True)
 
 
 def ensure_experiment(cfg: ExperimentConfig) -> str | None:

@@ -3,6 +3,8 @@ run ended badly, and only while that is still true; a new store is a copy of an 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from raysent import tracking
 from raysent.config import parse_config
 from raysent.tracking import LiveRun, client, ensure_experiment, new_sqlite_store, tracking_uri
@@ -73,6 +75,17 @@ def test_a_new_store_is_a_copy_of_an_empty_one_mlflow_made(tmp_path, monkeypatch
     monkeypatch.setenv("RAYSENT_CACHE_DIR", str(tmp_path / "file" / "cache"))
     assert not new_sqlite_store(tmp_path / "c.db", tmp_path / "mlartifacts")
     assert not (tmp_path / "c.db").exists() and not list(tmp_path.glob(".c.db.*"))
+    # MLflow failing halfway through making the empty store: nothing half-made is left in the cache folder
+    monkeypatch.setenv("RAYSENT_CACHE_DIR", str(tmp_path / "cache2"))
+
+    def half_made(uri):
+        Path(uri.removeprefix("sqlite:///")).write_text("a store cut off by a failed migration")
+        raise RuntimeError("migration failed")
+
+    with monkeypatch.context() as m:
+        m.setattr(tracking, "client", half_made)
+        assert not new_sqlite_store(tmp_path / "d.db", tmp_path / "mlartifacts")
+    assert list((tmp_path / "cache2" / "mlflow").iterdir()) == [] and not (tmp_path / "d.db").exists()
 
 
 def _mlflow_version() -> str:
