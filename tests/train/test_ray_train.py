@@ -129,9 +129,16 @@ def two_worker_steps(ray_cluster, tmp_path_factory) -> list[dict]:
 
     tmp_path = tmp_path_factory.mktemp("equiv")
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    TorchTrainer(_worker, train_loop_config={"dir": str(tmp_path)}, torch_config=TorchConfig(backend="gloo"),
-                 scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5}),
-                 run_config=RunConfig(name="equiv", storage_path=str(tmp_path / "ray"))).fit()
+    # fit() leaves its Ctrl-C handler installed, and that handler keeps the run's controller and DatasetManager
+    # actors alive, polling (1.4 CPU-s a minute), for the rest of the session: put the one from before back, as
+    # raysent.train.ray_train.train_one_with_ray does
+    sigint = signal.getsignal(signal.SIGINT)
+    try:
+        TorchTrainer(_worker, train_loop_config={"dir": str(tmp_path)}, torch_config=TorchConfig(backend="gloo"),
+                     scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5}),
+                     run_config=RunConfig(name="equiv", storage_path=str(tmp_path / "ray"))).fit()
+    finally:
+        signal.signal(signal.SIGINT, sigint)
     return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
 
 
