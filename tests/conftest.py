@@ -215,6 +215,37 @@ def run_cli(*args: str, check: bool = True, env: dict | None = None, one_stream:
     return proc
 
 
+def cli_in_process(*args: str, check: bool = True):
+    """`raysent ARGS` through :func:`raysent.cli.main` in this process, as :func:`run_cli` runs it (from the
+    repository, both streams captured); returns a CompletedProcess. A new process pays Python's start and the
+    imports again, 5-7 CPU-s for a command that loads a model (torch, transformers, scipy; 2026-11-29, a whole-suite
+    run: 89 `raysent` processes took ~720 of its 2,680 CPU-s). For commands that need no process of their own: not
+    one that is signalled, starts or joins a Ray of its own, or whose time to its first error is what the test
+    measures (tests/cli/test_cheap_errors.py)."""
+    import contextlib
+    import io
+    import subprocess
+
+    from raysent.cli import main
+
+    ray = sys.modules.get("ray")
+    had_ray = ray is not None and ray.is_initialized()
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.chdir(REPO), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as exc:  # argparse: --help, a bad option
+            code = exc.code if isinstance(exc.code, int) else 2
+    # `raysent train`/`tune`/`suite` leave Ray when they end (raysent.cli.common.disconnect_ray): in this process
+    # that is the session's Ray (ray_cluster), which the tests after this one still use
+    assert not had_ray or sys.modules["ray"].is_initialized(), f"raysent {' '.join(args)} left this process's " \
+        "Ray: run it with run_cli"
+    proc = subprocess.CompletedProcess(["raysent", *args], code, out.getvalue(), err.getvalue())
+    if check and proc.returncode != 0:
+        raise AssertionError(f"raysent {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
 def json_summary_last(output: str, before: str) -> dict:
     """The JSON summary of `raysent … --format json` run with ``one_stream``: it must come last, after
     ``before`` and every other line Ray forwarded (Ray holds back log lines that repeat across workers until
@@ -243,8 +274,11 @@ def ray_cluster():
         cfg = parse_config({"name": "tests", "method": "simcse-unsup", "model": {"name": RAW_BERT}}, source="<tests>")
         # no dashboard: no test needs it, and two of them (one Ray per xdist worker) took ~70 CPU-seconds of a
         # full test run (docs/testing.md). No idle worker processes kept ready and no metrics: an idle local Ray
-        # burnt 4.4 CPU-s a minute, 2.8 without them (2026-11-28), and each xdist worker holds one for the session
-        for knob in ("RAY_num_workers_soft_limit", "RAY_enable_metrics_collection"):
+        # burnt 4.4 CPU-s a minute, 2.8 without them (2026-11-28), and each xdist worker holds one for the session.
+        # Its log monitor looks for new log files every 0.5 s instead of every 0.1 s (Ray does so past 1,000 files):
+        # with the 207 files of 60 finished actors it took 1.88 CPU-s a minute, 1.04 so; in a whole-suite run the two
+        # sessions' monitors took 52 CPU-s, the most of any of their Ray processes (2026-11-29)
+        for knob in ("RAY_num_workers_soft_limit", "RAY_enable_metrics_collection", "RAY_LOG_MONITOR_MANY_FILES_THRESHOLD"):
             os.environ.setdefault(knob, "0")
         init_ray(cfg, log_to_driver=False, num_cpus=2, include_dashboard=False)
     yield ray.get_runtime_context().gcs_address

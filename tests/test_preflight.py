@@ -13,7 +13,7 @@ from raysent.errors import ModelError
 from raysent.models.encoder import Encoder, check_model
 from raysent.preflight import PreflightError, batch_sizes, preflight
 
-from conftest import RAW_BERT, SHARED, run_cli
+from conftest import RAW_BERT, SHARED, cli_in_process, run_cli
 
 QUICK = "search_spaces/quick.yaml"
 
@@ -21,7 +21,7 @@ QUICK = "search_spaces/quick.yaml"
 @pytest.mark.shared
 def test_tune_dry_run_reports_every_problem_at_once_and_exits_2(tmp_path):
     results = tmp_path / "results"
-    proc = run_cli("tune", QUICK, "--dry-run", "--set", "model.name=no-such-model",
+    proc = cli_in_process("tune", QUICK, "--dry-run", "--set", "model.name=no-such-model",
                    "--set", "data.max_train_samples=20", "--set", "resources.gpus_per_worker=1",
                    "--set", f"tracking.results_dir={results}", check=False)
     assert proc.returncode == 2, proc.stderr
@@ -37,14 +37,15 @@ def test_tune_dry_run_reports_every_problem_at_once_and_exits_2(tmp_path):
 @pytest.mark.slow  # CLI subprocesses (~15 s)
 @pytest.mark.shared
 def test_dry_runs_print_row_counts_and_an_estimate(tmp_path):
-    proc = run_cli("tune", QUICK, "--dry-run", "--format", "json", "--set", f"tracking.results_dir={tmp_path}")
+    proc = cli_in_process("tune", QUICK, "--dry-run", "--format", "json", "--set", f"tracking.results_dir={tmp_path}")
     plan = json.loads(proc.stdout)
     assert plan["checked"]["data"] == {"stsb-unlabeled": "17256 (4000 used: data.max_train_samples)",
                                        "stsb:dev": 1500}
     assert plan["checked"][f"model {RAW_BERT}"]["layers"] == 4
     # 6 search trials + 2 final runs of 60 steps
     assert plan["estimate"]["runs"] == 8 and plan["estimate"]["optimizer steps per run"] == 60
-    proc = run_cli("train", QUICK, "--dry-run", "--format", "json", "--set", f"train.output_dir={tmp_path / 'run'}")
+    proc = cli_in_process("train", QUICK, "--dry-run", "--format", "json", "--set",
+                          f"train.output_dir={tmp_path / 'run'}")
     checked = json.loads(proc.stdout)["checked"]
     assert checked["output"] == str(tmp_path / "run") and not (tmp_path / "run").exists()
 

@@ -15,7 +15,7 @@ from scipy import stats
 from raysent.data import load
 from raysent.eval.sts import evaluate_dev, evaluate_sts
 
-from conftest import REPO, run_cli
+from conftest import REPO, cli_in_process
 
 pytestmark = pytest.mark.shared  # real data and models from ../shared
 
@@ -118,7 +118,7 @@ def test_docs_evaluation_md_quotes_the_scores_this_file_checks():
 
 @pytest.mark.slow
 def test_all_minilm_l6_v2_matches_published_scores():
-    proc = run_cli("eval", "--model", "sentence-transformers/all-MiniLM-L6-v2", "--pooling", "mean",
+    proc = cli_in_process("eval", "--model", "sentence-transformers/all-MiniLM-L6-v2", "--pooling", "mean",
                    "--format", "json")
     res = json.loads(proc.stdout)
     assert res["aggregation"] == "all"

@@ -19,7 +19,7 @@ from raysent.errors import ModelError
 from raysent.models.encoder import Encoder
 from raysent.models.heads import LayerAttentionPooler, MLPHead
 
-from conftest import RAW_BERT, run_cli
+from conftest import RAW_BERT, cli_in_process, run_cli
 
 SENTENCES = ["a man is playing a guitar.", "the cat sat on the mat", "hello",
              "a much longer sentence, with many more words in it than the others, so the batch is padded",
@@ -116,7 +116,7 @@ def test_a_pooling_that_cannot_be_written_is_a_clear_error(tmp_path):
 @pytest.mark.shared
 def test_raysent_export_rewrites_a_model_for_sentence_transformers(tiny_bert, tmp_path):
     out = tmp_path / "exported"
-    run_cli("export", tiny_bert, str(out), "--pooling", "last2_avg")
+    cli_in_process("export", tiny_bert, str(out), "--pooling", "last2_avg")
     model, said = loaded_quietly(str(out), trust=False)
     want = raysent.load(out).encode(SENTENCES)
     assert cosines(model.encode(SENTENCES), want).min() > 1 - 1e-5
@@ -145,7 +145,7 @@ def test_a_trained_mini_suite_model_scores_the_same_in_sentence_transformers_as_
                           output_dir=tmp_path / "run")
     best = summary.best_model_dir
     assert summary.best_step > 0  # trained weights, not the untouched encoder
-    out = run_cli("eval", "--model", best, "--tasks-sts", "stsb", "--format", "json")
+    out = cli_in_process("eval", "--model", best, "--tasks-sts", "stsb", "--format", "json")
     ours = jsonlib.loads(out.stdout)["tasks"]["stsb"]["spearman"]
     model, said = loaded_quietly(best, trust=True)
     assert not [w for w in WARNINGS if w in said.lower()], said

@@ -17,7 +17,7 @@ from scipy import stats
 from raysent.errors import ConfigError, RaysentError
 from raysent.tune.suite import EntryComparison, format_comparisons, load_suite, plan, run_suite, write_report
 
-from conftest import REPO, run_cli
+from conftest import REPO, cli_in_process
 
 
 def _md_rows(md: str) -> list[list[str]]:
@@ -113,7 +113,7 @@ def test_paper_suite_plan_without_local_data(monkeypatch):
 
 
 def test_suite_dry_run_cli():
-    proc = run_cli("suite", "benchmarks/mini.yaml", "--dry-run", "--only", "sg-opt", "--format", "json")
+    proc = cli_in_process("suite", "benchmarks/mini.yaml", "--dry-run", "--only", "sg-opt", "--format", "json")
     p = json.loads(proc.stdout)
     assert [r["experiment"] for r in p["experiments"]] == ["mini-sg-opt-paper", "mini-sg-opt-searched"]
 

@@ -21,7 +21,7 @@ from raysent.data.batching import local_part
 from raysent.methods import Gatherer
 from raysent.train.records import TrainSummary
 
-from conftest import RAW_BERT, json_summary_last, run_cli
+from conftest import RAW_BERT, cli_in_process, json_summary_last, run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.shared]
 
@@ -228,7 +228,8 @@ def test_raysent_train_on_two_workers_improves_the_raw_encoder(two_worker_run):
     assert summary.workers == 2 and summary.final_step == 20
     assert best > untuned + 2, (untuned, best)
     assert (tmp / "run" / "best" / "config.json").is_file()
-    ev = json.loads(run_cli("eval", "--model", str(tmp / "run" / "best"), "--split", "dev", "--format", "json").stdout)
+    ev = json.loads(cli_in_process("eval", "--model", str(tmp / "run" / "best"), "--split", "dev", "--format",
+                                   "json").stdout)
     assert ev["dev_spearman"] == pytest.approx(best, abs=1e-6)
 
 

@@ -11,7 +11,7 @@ from raysent.config import load_config, with_overrides
 from raysent.train.loop import Stepper
 from raysent.train.run import train_in_process
 
-from conftest import RAW_BERT, run_cli
+from conftest import RAW_BERT, cli_in_process, run_cli
 
 pytestmark = pytest.mark.shared  # real data and models from ../shared
 
@@ -53,7 +53,7 @@ def test_raysent_train_improves_checkpoints_and_reloads(tmp_path):
     saved = json.loads((out / "best" / "raysent.json").read_text())
     assert saved["pooling"] == "mean" and saved["method"] == "simcse-unsup"
     # the saved best model, reloaded by `raysent eval`, scores exactly the best dev score
-    ev = json.loads(run_cli("eval", "--model", str(out / "best"), "--split", "dev", "--format", "json").stdout)
+    ev = json.loads(cli_in_process("eval", "--model", str(out / "best"), "--split", "dev", "--format", "json").stdout)
     assert ev["pooling"] == "mean"
     assert ev["dev_spearman"] == pytest.approx(best, abs=1e-6)
     # and any HF tool loads it

@@ -210,9 +210,9 @@ def test_dry_run_counts_every_trial_and_says_what_happens_to_checkpoints():
     from raysent.tune.plan import SearchPlan
     from raysent.tune.space import grid
 
-    from conftest import run_cli
+    from conftest import cli_in_process
 
-    quick = json.loads(run_cli("tune", str(SPACES / "quick.yaml"), "--dry-run", "--format", "json").stdout)
+    quick = json.loads(cli_in_process("tune", str(SPACES / "quick.yaml"), "--dry-run", "--format", "json").stdout)
     assert quick["search"]["trials"] == 3 * 2 and quick["final"]["runs"] == 2
     assert quick["search"]["first configuration (search.warm_start)"] == {"lr": 1.0e-4}  # a grid point already
     assert quick["trial checkpoints"].startswith("deleted")
@@ -220,10 +220,10 @@ def test_dry_run_counts_every_trial_and_says_what_happens_to_checkpoints():
     args = ("tune", str(SPACES / "baseline.yaml"), "--dry-run", "--format", "json",
             "--set", "search.keep_checkpoints=true", "--set", "search.seeds=2")
     # bert-base is not on this machine: the plan is printed, then the check before training fails (exit 2)
-    proc = run_cli(*args, check=False)
+    proc = cli_in_process(*args, check=False)
     assert proc.returncode == 2 and "model 'bert-base-uncased' not found" in proc.stderr
     assert json.loads(proc.stdout)["checked"].startswith("FAILED")
-    base = json.loads(run_cli(*args, "--set", "model.name=raw-bert-mini-mlm").stdout)
+    base = json.loads(cli_in_process(*args, "--set", "model.name=raw-bert-mini-mlm").stdout)
     points = SearchPlan.of(base_cfg).points or []
     assert base["search"]["trials"] == len(points) * 2 > 2
     assert len(points) in (len(grid(base_cfg.search.space)), len(grid(base_cfg.search.space)) + 1)
