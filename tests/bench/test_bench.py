@@ -10,7 +10,7 @@ import pytest
 from raysent.bench import BenchOptions, BenchResult, format_markdown
 from raysent.errors import RaysentError
 
-from conftest import RAW_BERT, run_cli
+from conftest import RAW_BERT, cli_in_process, run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.shared]
 
@@ -19,11 +19,11 @@ def test_bench_training_speedups_and_evaluation_write_json_and_markdown(tmp_path
     # a real encoder: the evaluation part compares raysent's STS-B score with sentence-transformers', which
     # truncate the tiny BERT's character tokens differently
     out = tmp_path / "bench"
-    proc = run_cli("bench", "--model", RAW_BERT, "--parts", "training,speedups,evaluation,gpu",
-                   "--methods", "simcse-unsup,sg-opt", "--speedups", "cache_views,grad_cache",
-                   "--batch-size", "16", "--max-length", "24", "--grad-cache-batch", "32",
-                   "--steps", "2", "--warmup", "1", "--eval-sets", "stsb", "--eval-repeats", "1",
-                   "--output-dir", str(out))
+    proc = cli_in_process("bench", "--model", RAW_BERT, "--parts", "training,speedups,evaluation,gpu",
+                          "--methods", "simcse-unsup,sg-opt", "--speedups", "cache_views,grad_cache",
+                          "--batch-size", "16", "--max-length", "24", "--grad-cache-batch", "32",
+                          "--steps", "2", "--warmup", "1", "--eval-sets", "stsb", "--eval-repeats", "1",
+                          "--output-dir", str(out))
     files = sorted(out.iterdir())
     assert [f.suffix for f in files] == [".json", ".md"]
     r = json.loads(files[0].read_text())

@@ -10,7 +10,7 @@ import pytest
 from raysent.bench import BenchResult, format_markdown
 from raysent.bench.profile import SYNC_OPS, summarize
 
-from conftest import run_cli
+from conftest import cli_in_process
 
 
 def _profile_toy(steps: int, warmup: int = 2) -> dict:
@@ -60,8 +60,8 @@ def test_a_profile_without_a_recorded_step_is_refused():
 @pytest.mark.shared
 def test_the_profile_part_profiles_raysent_and_sentence_transformers_on_a_cpu(tiny_bert, tmp_path):
     out = tmp_path / "bench"
-    proc = run_cli("bench", "--model", tiny_bert, "--parts", "profile", "--batch-size", "16", "--max-length", "24",
-                   "--warmup", "1", "--profile-steps", "2", "--output-dir", str(out))
+    proc = cli_in_process("bench", "--model", tiny_bert, "--parts", "profile", "--batch-size", "16", "--max-length", "24",
+                          "--warmup", "1", "--profile-steps", "2", "--output-dir", str(out))
     [js] = out.glob("*.json")
     r = json.loads(js.read_text())
     p = r["profile"]
