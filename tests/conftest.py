@@ -219,25 +219,35 @@ def cli_in_process(*args: str, check: bool = True):
     """`raysent ARGS` through :func:`raysent.cli.main` in this process, as :func:`run_cli` runs it (from the
     repository, both streams captured); returns a CompletedProcess. A new process pays Python's start and the
     imports again, 5-7 CPU-s for a command that loads a model (torch, transformers, scipy; 2026-11-29, a whole-suite
-    run: 89 `raysent` processes took ~720 of its 2,680 CPU-s). For commands that need no process of their own: not
-    one that is signalled, starts or joins a Ray of its own, or whose time to its first error is what the test
-    measures (tests/cli/test_cheap_errors.py)."""
+    run: 85 `raysent` processes took ~700 of its 2,680 CPU-s). For commands that need no process of their own: not
+    one that is signalled, starts a Ray of its own (a test that runs a search this way asks for ``ray_cluster``: the
+    search joins the session's Ray, as ``RAY_ADDRESS`` makes a `raysent` process do), reads the machine's resources
+    (with the session's Ray up in this process, preflight reads that Ray's), or whose time to its first error is
+    what the test measures (tests/cli/test_cheap_errors.py)."""
     import contextlib
     import io
     import subprocess
+    from unittest import mock
 
+    import raysent.cli.suite
+    import raysent.cli.train
+    import raysent.cli.tune
     from raysent.cli import main
 
     ray = sys.modules.get("ray")
     had_ray = ray is not None and ray.is_initialized()
     out, err = io.StringIO(), io.StringIO()
-    with contextlib.chdir(REPO), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(contextlib.chdir(REPO))
+        stack.enter_context(contextlib.redirect_stdout(out))
+        stack.enter_context(contextlib.redirect_stderr(err))
+        if had_ray:  # `raysent train`/`tune`/`suite` leave Ray when they end: here that is the session's, kept
+            for module in (raysent.cli.suite, raysent.cli.train, raysent.cli.tune):
+                stack.enter_context(mock.patch.object(module, "disconnect_ray", lambda: None))
         try:
             code = main(list(args))
         except SystemExit as exc:  # argparse: --help, a bad option
             code = exc.code if isinstance(exc.code, int) else 2
-    # `raysent train`/`tune`/`suite` leave Ray when they end (raysent.cli.common.disconnect_ray): in this process
-    # that is the session's Ray (ray_cluster), which the tests after this one still use
     assert not had_ray or sys.modules["ray"].is_initialized(), f"raysent {' '.join(args)} left this process's " \
         "Ray: run it with run_cli"
     proc = subprocess.CompletedProcess(["raysent", *args], code, out.getvalue(), err.getvalue())

@@ -21,7 +21,8 @@ QUICK = "search_spaces/quick.yaml"
 @pytest.mark.shared
 def test_tune_dry_run_reports_every_problem_at_once_and_exits_2(tmp_path):
     results = tmp_path / "results"
-    proc = cli_in_process("tune", QUICK, "--dry-run", "--set", "model.name=no-such-model",
+    # in a process of its own: in the test's process, with the session's Ray up, the resources are that Ray's
+    proc = run_cli("tune", QUICK, "--dry-run", "--set", "model.name=no-such-model",
                    "--set", "data.max_train_samples=20", "--set", "resources.gpus_per_worker=1",
                    "--set", f"tracking.results_dir={results}", check=False)
     assert proc.returncode == 2, proc.stderr

@@ -40,7 +40,7 @@ def test_raysent_train_improves_checkpoints_and_reloads(tmp_path):
     cfg_path = tmp_path / "exp.yaml"
     cfg_path.write_text(CONFIG)
     out = tmp_path / "run"
-    proc = run_cli("train", str(cfg_path), "--output-dir", str(out), "--format", "json")
+    proc = cli_in_process("train", str(cfg_path), "--output-dir", str(out), "--format", "json")
     summary = json.loads(proc.stdout)
     untuned = summary["initial_dev"]["dev_spearman"]
     best = summary["best_dev_spearman"]

@@ -10,7 +10,7 @@ import pytest
 
 from raysent.config import load_config
 
-from conftest import run_cli
+from conftest import cli_in_process
 from conftest import tiny_experiment as experiment
 
 pytestmark = [pytest.mark.slow, pytest.mark.shared]
@@ -37,9 +37,8 @@ def test_broken_records_are_named_first_and_resume_rewrites_them_from_tune(ray_c
     for f in files:  # each cut to half its size, as a full disk or a killed copy leaves it
         f.write_text(f.read_text()[: f.stat().st_size // 2])
 
-    env = {"RAY_ADDRESS": ray_cluster}
     for args in (("table", "cut", "--results-dir", str(tmp_path / "results")), ("tune", path, "--resume")):
-        proc = run_cli(*args, check=False, env=env, timeout=120)
+        proc = cli_in_process(*args, check=False)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
         assert "2 of the 2 run records" in proc.stderr and "Trial status" not in proc.stdout + proc.stderr
         for f in files:
@@ -48,8 +47,8 @@ def test_broken_records_are_named_first_and_resume_rewrites_them_from_tune(ray_c
 
     for f in files:
         f.unlink()
-    done = run_cli("tune", path, "--resume", env=env, timeout=300)
+    done = cli_in_process("tune", path, "--resume")
     assert "2 run record(s) written again from the results Tune kept" in done.stderr
     assert "Trial status" not in done.stdout + done.stderr  # nothing trained
     assert {f.name: json.loads(f.read_text()) for f in sorted(runs.glob("*.json"))} == original
-    run_cli("table", "cut", "--results-dir", str(tmp_path / "results"), "--no-write", env=env)
+    cli_in_process("table", "cut", "--results-dir", str(tmp_path / "results"), "--no-write")

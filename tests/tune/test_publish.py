@@ -14,7 +14,7 @@ import pytest
 
 from raysent.config import load_config
 
-from conftest import REPO, run_cli
+from conftest import REPO, cli_in_process
 from conftest import tiny_experiment as experiment
 
 pytestmark = [pytest.mark.slow, pytest.mark.shared]
@@ -52,12 +52,12 @@ def test_a_taken_model_name_and_an_unreachable_registry_stop_the_search_before_r
     store = f"sqlite:///{tmp_path / 'results' / 'mlflow.db'}"
     (tmp_path / "results").mkdir()
     MlflowClient(tracking_uri=store).create_registered_model("taken")  # someone else's model of that name
-    proc = run_cli("tune", path, check=False)
+    proc = cli_in_process("tune", path, check=False)
     line = one_error_line(proc)
     assert "already has a model named 'taken'" in line and "--set tracking.registered_model=NAME" in line
     assert "Ray" not in proc.stderr and not (tmp_path / "results" / "taken" / "runs").exists()
 
-    proc = run_cli("tune", path, "--set", "tracking.registry_uri=http://127.0.0.1:1", check=False)
+    proc = cli_in_process("tune", path, "--set", "tracking.registry_uri=http://127.0.0.1:1", check=False)
     line = one_error_line(proc)
     assert "the MLflow model registry http://127.0.0.1:1 does not answer" in line
     assert "tracking.log_model: none" in line and "Ray" not in proc.stderr
@@ -92,7 +92,7 @@ def test_a_read_only_parent_artifact_store_keeps_the_records_and_resume_logs_the
     assert sorted(n.split("-")[0] for n in records) == ["final", "search"]
     assert json.loads((exp / "state.json").read_text())["phase"] == "publish"
 
-    done = run_cli("tune", path, "--resume", env={"RAY_ADDRESS": ray_cluster})
+    done = cli_in_process("tune", path, "--resume")
     assert "registered: models:/ro/1" in done.stdout
     assert {p.name: p.stat().st_mtime_ns for p in runs.glob("*.json")} == records  # nothing trained again
     assert "Trial status" not in done.stdout + done.stderr  # no Tune run at all
