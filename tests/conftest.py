@@ -215,9 +215,9 @@ def run_cli(*args: str, check: bool = True, env: dict | None = None, one_stream:
     return proc
 
 
-def cli_in_process(*args: str, check: bool = True):
+def cli_in_process(*args: str, check: bool = True, one_stream: bool = False):
     """`raysent ARGS` through :func:`raysent.cli.main` in this process, as :func:`run_cli` runs it (from the
-    repository, both streams captured); returns a CompletedProcess. A new process pays Python's start and the
+    repository, both streams captured; ``one_stream``: stderr into stdout, in order); returns a CompletedProcess. A new process pays Python's start and the
     imports again, 5-7 CPU-s for a command that loads a model (torch, transformers, scipy; 2026-11-29, a whole-suite
     run: 85 `raysent` processes took ~700 of its 2,680 CPU-s). For commands that need no process of their own: not
     one that is signalled, starts a Ray of its own (a test that runs a search this way asks for ``ray_cluster``: the
@@ -236,7 +236,8 @@ def cli_in_process(*args: str, check: bool = True):
 
     ray = sys.modules.get("ray")
     had_ray = ray is not None and ray.is_initialized()
-    out, err = io.StringIO(), io.StringIO()
+    out = io.StringIO()
+    err = out if one_stream else io.StringIO()
     with contextlib.ExitStack() as stack:
         stack.enter_context(contextlib.chdir(REPO))
         stack.enter_context(contextlib.redirect_stdout(out))
@@ -250,7 +251,7 @@ def cli_in_process(*args: str, check: bool = True):
             code = exc.code if isinstance(exc.code, int) else 2
     assert not had_ray or sys.modules["ray"].is_initialized(), f"raysent {' '.join(args)} left this process's " \
         "Ray: run it with run_cli"
-    proc = subprocess.CompletedProcess(["raysent", *args], code, out.getvalue(), err.getvalue())
+    proc = subprocess.CompletedProcess(["raysent", *args], code, out.getvalue(), None if one_stream else err.getvalue())
     if check and proc.returncode != 0:
         raise AssertionError(f"raysent {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc

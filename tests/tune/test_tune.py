@@ -18,7 +18,7 @@ import pytest
 
 from raysent.config import load_config
 
-from conftest import REPO, json_summary_last, run_cli
+from conftest import REPO, cli_in_process, json_summary_last
 from conftest import tiny_experiment as experiment
 
 pytestmark = [pytest.mark.slow, pytest.mark.shared]
@@ -190,7 +190,7 @@ def interrupt_and_resume(ray_cluster, path: str, runs: Path, expected: int,
         assert (int(said[1]), int(said[2])) == (before, expected), said[0]
     assert not list(runs.glob("final-*.json"))  # an interrupted search is not summarised or followed
     # resumed without --quiet (which silences Tune's tables too): the summary still comes after Tune's last table
-    done = run_cli("tune", path, "--resume", "--format", "json", env=env, one_stream=True)
+    done = cli_in_process("tune", path, "--resume", "--format", "json", one_stream=True)  # joins the same Ray
     return json_summary_last(done.stdout, before="Trial status"), recorded
 
 
