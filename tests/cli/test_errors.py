@@ -11,7 +11,7 @@ from raysent.config import load_config
 from raysent.data import load
 from raysent.errors import ConfigError, DataError
 
-from conftest import run_cli
+from conftest import cli_in_process, run_cli
 
 GOOD = """\
 name: ok
@@ -203,7 +203,7 @@ def test_cli_bad_data_file_no_traceback(tmp_path):
     bad = tmp_path / "bad.tsv"
     bad.write_text("sent0\tsent1\n")
     path = write(tmp_path, GOOD.replace("sts-unlabeled", f"path:{bad}"))
-    proc = run_cli("train", str(path), check=False)
+    proc = cli_in_process("train", str(path), check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "bad.tsv" in proc.stderr
 
