@@ -21,5 +21,5 @@ typecheck:  ## the whole package (pyproject.toml, [tool.mypy]; tests/test_types.
 test:  ## the fast tier: trains nothing, imports no Ray (tests/conftest.py fails a test that does); 71-76 s on 2 cores
 	python -m pytest -q -m "not slow" tests
 
-test-all:  ## the whole suite, as CI runs it (.ci/run); 22 min on 2 cores (docs/testing.md)
+test-all:  ## the whole suite, as CI runs it (.ci/run); 22-23 min on 2 cores (docs/testing.md)
 	python -m pytest -q tests

@@ -217,13 +217,13 @@ def run_cli(*args: str, check: bool = True, env: dict | None = None, one_stream:
 
 def cli_in_process(*args: str, check: bool = True, one_stream: bool = False):
     """`raysent ARGS` through :func:`raysent.cli.main` in this process, as :func:`run_cli` runs it (from the
-    repository, both streams captured; ``one_stream``: stderr into stdout, in order); returns a CompletedProcess. A new process pays Python's start and the
-    imports again, 5-7 CPU-s for a command that loads a model (torch, transformers, scipy; 2026-11-29, a whole-suite
-    run: 85 `raysent` processes took ~700 of its 2,680 CPU-s). For commands that need no process of their own: not
-    one that is signalled, starts a Ray of its own (a test that runs a search this way asks for ``ray_cluster``: the
-    search joins the session's Ray, as ``RAY_ADDRESS`` makes a `raysent` process do), reads the machine's resources
-    (with the session's Ray up in this process, preflight reads that Ray's), or whose time to its first error is
-    what the test measures (tests/cli/test_cheap_errors.py)."""
+    repository, both streams captured; ``one_stream``: stderr into stdout, in order); returns a CompletedProcess.
+    A new process pays Python's start and the imports again, 5-7 CPU-s for a command that loads a model (torch,
+    transformers, scipy; 2026-11-29, a whole-suite run: 85 `raysent` processes took ~700 of its 2,680 CPU-s). For
+    commands that need no process of their own: not one that is signalled, starts a Ray of its own (a test that runs
+    a search this way asks for ``ray_cluster``: the search joins the session's Ray, as ``RAY_ADDRESS`` makes a
+    `raysent` process do), reads the machine's resources (with the session's Ray up in this process, preflight reads
+    that Ray's), or whose time to its first error is what the test measures (tests/cli/test_cheap_errors.py)."""
     import contextlib
     import io
     import subprocess
