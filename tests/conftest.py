@@ -210,6 +210,10 @@ def run_cli(*args: str, check: bool = True, env: dict | None = None, one_stream:
     streams = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT} if one_stream else {"capture_output": True}
     proc = subprocess.run([sys.executable, "-m", "raysent.cli", *args], text=True, **streams,
                           env={**os.environ, **(env or {})}, cwd=REPO, timeout=timeout)
+    return _checked(proc, args, check)
+
+
+def _checked(proc, args: tuple[str, ...], check: bool):
     if check and proc.returncode != 0:
         raise AssertionError(f"raysent {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
@@ -251,10 +255,8 @@ def cli_in_process(*args: str, check: bool = True, one_stream: bool = False):
             code = exc.code if isinstance(exc.code, int) else 2
     assert not had_ray or sys.modules["ray"].is_initialized(), f"raysent {' '.join(args)} left this process's " \
         "Ray: run it with run_cli"
-    proc = subprocess.CompletedProcess(["raysent", *args], code, out.getvalue(), None if one_stream else err.getvalue())
-    if check and proc.returncode != 0:
-        raise AssertionError(f"raysent {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
-    return proc
+    return _checked(subprocess.CompletedProcess(["raysent", *args], code, out.getvalue(),
+                                                None if one_stream else err.getvalue()), args, check)
 
 
 def json_summary_last(output: str, before: str) -> dict:
@@ -289,7 +291,8 @@ def ray_cluster():
         # Its log monitor looks for new log files every 0.5 s instead of every 0.1 s (Ray does so past 1,000 files):
         # with the 207 files of 60 finished actors it took 1.88 CPU-s a minute, 1.04 so; in a whole-suite run the two
         # sessions' monitors took 52 CPU-s, the most of any of their Ray processes (2026-11-29)
-        for knob in ("RAY_num_workers_soft_limit", "RAY_enable_metrics_collection", "RAY_LOG_MONITOR_MANY_FILES_THRESHOLD"):
+        for knob in ("RAY_num_workers_soft_limit", "RAY_enable_metrics_collection",
+                     "RAY_LOG_MONITOR_MANY_FILES_THRESHOLD"):
             os.environ.setdefault(knob, "0")
         init_ray(cfg, log_to_driver=False, num_cpus=2, include_dashboard=False)
     yield ray.get_runtime_context().gcs_address

@@ -60,8 +60,8 @@ def test_a_profile_without_a_recorded_step_is_refused():
 @pytest.mark.shared
 def test_the_profile_part_profiles_raysent_and_sentence_transformers_on_a_cpu(tiny_bert, tmp_path):
     out = tmp_path / "bench"
-    proc = cli_in_process("bench", "--model", tiny_bert, "--parts", "profile", "--batch-size", "16", "--max-length", "24",
-                          "--warmup", "1", "--profile-steps", "2", "--output-dir", str(out))
+    proc = cli_in_process("bench", "--model", tiny_bert, "--parts", "profile", "--batch-size", "16",
+                          "--max-length", "24", "--warmup", "1", "--profile-steps", "2", "--output-dir", str(out))
     [js] = out.glob("*.json")
     r = json.loads(js.read_text())
     p = r["profile"]

@@ -45,8 +45,15 @@ def one_error_line(proc) -> str:
     return errors[0]
 
 
-def test_a_taken_model_name_and_an_unreachable_registry_stop_the_search_before_ray(tmp_path):
+def test_a_taken_model_name_and_an_unreachable_registry_stop_the_search_before_ray(tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
+
+    from raysent.tune import driver
+
+    def no_ray(*args, **kwargs):  # in the test's process a session Ray may be up already: starting one is the error
+        raise AssertionError("the search started Ray before its registry checks")
+
+    monkeypatch.setattr(driver, "init_ray", no_ray)
 
     path = experiment(tmp_path, "taken", ONE_POINT, "[1]")
     store = f"sqlite:///{tmp_path / 'results' / 'mlflow.db'}"
