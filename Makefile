@@ -18,8 +18,8 @@ lint:
 typecheck:  ## the whole package (pyproject.toml, [tool.mypy]; tests/test_types.py runs it too)
 	python -m mypy
 
-test:  ## the fast tier: trains nothing, imports no Ray (tests/conftest.py fails a test that does); 71-76 s on 2 cores
+test:  ## the fast tier: trains nothing, imports no Ray (tests/conftest.py fails a test that does); 75-78 s on 2 cores
 	python -m pytest -q -m "not slow" tests
 
-test-all:  ## the whole suite, as CI runs it (.ci/run); 22-23 min on 2 cores (docs/testing.md)
+test-all:  ## the whole suite, as CI runs it (.ci/run); 18-19 min on 2 cores (docs/testing.md)
 	python -m pytest -q tests
