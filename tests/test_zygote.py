@@ -49,12 +49,15 @@ def test_code_runs_in_its_folder_with_its_environment_and_its_own_random_numbers
         cwd, x, argv, _ = json.loads(r.stdout)
         assert (r.returncode, cwd, x, argv, r.stderr) == (3, str(tmp_path), "3", ["-c"], "to stderr\n")
     assert json.loads(runs[0].stdout)[3] != json.loads(runs[1].stdout)[3]  # reseeded in each child
-    failing = "import sys\nprint('out')\nprint('err', file=sys.stderr)\nraise ValueError('x')"
-    both = warm.run("code", {"code": failing}, tmp_path, env, True, 60)
-    want = subprocess.run([sys.executable, "-c", failing], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          cwd=tmp_path, env=env)
-    # stderr line by line and stdout's buffer at the end, the traceback from the code on: as from a fresh process
-    assert (both.returncode, both.stdout) == (want.returncode, want.stdout) and "ValueError: x" in both.stdout
+    for failing in ("import sys\nprint('out')\nprint('err', file=sys.stderr)\nraise ValueError('x')",
+                    "import sys\nsys.exit('bye')"):
+        both = warm.run("code", {"code": failing}, tmp_path, env, True, 60)
+        want = subprocess.run([sys.executable, "-c", failing], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, cwd=tmp_path, env=env)
+        # stderr line by line and stdout's buffer at the end, the traceback from the code on, a message passed to
+        # sys.exit printed: as from a fresh process
+        assert (both.returncode, both.stdout) == (want.returncode, want.stdout) == (1, want.stdout)
+        assert ("ValueError: x" in both.stdout) if "ValueError" in failing else both.stdout == "bye\n"
 
 
 def test_a_timeout_ends_the_command_and_the_starter_goes_on(warm, tmp_path):

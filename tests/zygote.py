@@ -20,7 +20,7 @@ comes here; nor does tests/cli/test_cheap_errors.py, which times first errors), 
 "fallback", and the client starts a fresh process. tests/test_zygote.py checks a command, a block and a worker.
 
 Server: ``python tests/zygote.py SOCKET [SESSION]`` (``conftest.WarmStarter.start``; the Ray session it serves
-only names it on its command line). Client: :func:`run`, :func:`client_main`, :func:`worker_main`.
+only names it on its command line). Client: :func:`run`, :func:`through_starter`.
 """
 
 from __future__ import annotations
@@ -152,7 +152,7 @@ def _child(request: dict, fds: list[int], close: list[socket.socket]) -> None:
                 runpy.run_path(sys.argv[0], run_name="__main__")
                 code = 0
             except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+                code = _exit_status(exc)
         elif request["kind"] == "cli":
             sys.argv = ["raysent", *request["argv"]]
             from raysent.cli import main
@@ -160,9 +160,7 @@ def _child(request: dict, fds: list[int], close: list[socket.socket]) -> None:
             try:
                 code = main(request["argv"]) or 0
             except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-                if not isinstance(exc.code, int) and exc.code is not None:
-                    print(exc.code, file=sys.stderr)
+                code = _exit_status(exc)
         else:
             sys.argv = ["-c"]
             sys.path[0:0] = [""]
@@ -173,7 +171,7 @@ def _child(request: dict, fds: list[int], close: list[socket.socket]) -> None:
                 exec(compile(request["code"], "<string>", "exec"), {"__name__": "__main__", "__builtins__": builtins})
                 code = 0
             except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+                code = _exit_status(exc)
             except BaseException as exc:  # as the interpreter: the traceback from the code on, exit 1
                 traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next if exc.__traceback__ else None)
                 code = 1
@@ -192,7 +190,15 @@ def _child(request: dict, fds: list[int], close: list[socket.socket]) -> None:
             sys.stdout.flush()
             sys.stderr.flush()
         finally:
-            os._exit(code if isinstance(code, int) else 1)
+            os._exit(code)
+
+
+def _exit_status(exc: SystemExit) -> int:
+    """The status ``sys.exit(x)`` ends Python with: x when an int, 0 for None, else 1 with x printed to stderr."""
+    if exc.code is None or isinstance(exc.code, int):
+        return exc.code or 0
+    print(exc.code, file=sys.stderr)
+    return 1
 
 
 def serve(path: str) -> None:
@@ -318,29 +324,19 @@ def _exit_code(code: int) -> int:
     return code if code >= 0 else 128 - code
 
 
-def client_main(argv: list[str]) -> int:
-    """``--client SOCKET EXECUTABLE ARGS``: the `raysent` command (EXECUTABLE, run as it is when the starter
-    cannot) through the starter, with this process's folder, environment and streams."""
-    path, executable, *args = argv
+def through_starter(kind: str, path: str, args: list[str], fresh: list[str]) -> int:
+    """``args`` run as ``kind`` by the starter at ``path`` with this process's folder, environment and streams; its
+    exit status. When the starter cannot, this process becomes ``fresh + args`` instead."""
     try:
-        return _exit_code(run(path, {"kind": "cli", "argv": args, "cwd": os.getcwd(), "env": dict(os.environ)},
+        return _exit_code(run(path, {"kind": kind, "argv": args, "cwd": os.getcwd(), "env": dict(os.environ)},
                               (0, 1, 2)))
     except Fallback:
-        os.execv(executable, [executable, *args])
-
-
-def worker_main(argv: list[str]) -> int:
-    """``--worker SOCKET default_worker.py ARGS`` (Ray's ``runtime_env`` ``py_executable``): a Ray worker forked
-    by the starter, else started as Ray starts it."""
-    path, *args = argv
-    try:
-        return _exit_code(run(path, {"kind": "worker", "argv": args, "cwd": os.getcwd(), "env": dict(os.environ)},
-                              (0, 1, 2)))
-    except Fallback:
-        os.execv(sys.executable, [sys.executable, *args])
+        os.execv(fresh[0], [*fresh, *args])
 
 
 if __name__ == "__main__":
-    if sys.argv[1] in ("--client", "--worker"):
-        sys.exit((client_main if sys.argv[1] == "--client" else worker_main)(sys.argv[2:]))
+    if sys.argv[1] == "--client":  # --client SOCKET EXECUTABLE ARGS: the `raysent` of a doc block's PATH
+        sys.exit(through_starter("cli", sys.argv[2], sys.argv[4:], [sys.argv[3]]))
+    if sys.argv[1] == "--worker":  # --worker SOCKET default_worker.py ARGS: Ray's runtime_env py_executable
+        sys.exit(through_starter("worker", sys.argv[2], sys.argv[3:], [sys.executable]))
     serve(sys.argv[1])  # further arguments (the Ray session it serves) only name it on its command line
