@@ -41,6 +41,8 @@ class Strict(BaseModel):
 # --------------------------------------------------------------------------- parts
 class ModelConfig(Strict):
     name: str = Field(description="hub id, local folder, or a folder name under RAYSENT_MODEL_DIR")
+    revision: str | None = Field(None, description="a hub model's commit (or branch, tag) to read; null: main. The "
+                                 "commit read is recorded on every run (model_source)")
     dropout: float | None = Field(
         None, ge=0.0, lt=1.0,
         description="override the encoder's hidden and attention dropout (null: the checkpoint's)")

@@ -17,7 +17,7 @@ PACKAGE = REPO / "raysent"
 # the core; every other module of raysent is orchestration
 CORE = ("raysent.errors", "raysent.config", "raysent.data", "raysent.models", "raysent.methods", "raysent.eval",
         "raysent.train.loop", "raysent.train.run", "raysent.train.initial_dev", "raysent.train.device",
-        "raysent.train.gather", "raysent.train.memory", "raysent.train.records", "raysent.io", "raysent.reference")
+        "raysent.train.gather", "raysent.train.memory", "raysent.train.records", "raysent.io", "raysent.reference", "raysent.hub")
 ORCHESTRATION_LIBRARIES = ("ray", "mlflow", "optuna")
 
 

@@ -220,7 +220,7 @@ class StRun:
         from sentence_transformers.losses import MultipleNegativesRankingLoss
         from transformers import PreTrainedModel
 
-        from raysent.models.encoder import resolve_model
+        from raysent.models.locate import resolve_model
         from raysent.train.device import auto_precision
 
         if spec.get("threads"):

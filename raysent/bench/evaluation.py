@@ -31,7 +31,8 @@ def bench_evaluation(model: str, max_length: int = 256, repeats: int = 2, tasks=
 
     from raysent.eval.sts import evaluate_sts
     from raysent.eval.suite import make_encode
-    from raysent.models.encoder import Encoder, resolve_model
+    from raysent.models.encoder import Encoder
+    from raysent.models.locate import resolve_model
 
     encoder = Encoder.load(model)
     encoder.eval()

@@ -6,9 +6,15 @@ A data set is named by a *spec*: ``NAME`` or ``NAME:SPLIT`` (splits joined with 
 Where each one is looked for, in order:
 
 1. ``$RAYSENT_DATA_DIR/<relative path>`` (the layout of ../shared/data, see its MANIFEST.md);
-2. the Hugging Face hub, through ``datasets.load_dataset`` (hub ids in :data:`DATASETS`), unless
-   ``HF_HUB_OFFLINE=1``;
-3. otherwise a :class:`DataError` that says where it looked and how to fix it.
+2. the Hugging Face hub at the revision :data:`DATASETS` pins, through the Hugging Face cache first (so with
+   ``HF_HUB_OFFLINE=1`` a copy downloaded before is read, offline: :mod:`raysent.hub`). STS12-16, STS-B and
+   SICK-R come from SimCSE's own evaluation data, SentEval's files in ``senteval.tar`` of
+   ``princeton-nlp/datasets-for-simcse`` (:mod:`raysent.data.senteval_archive`): the papers' splits and STS12-16's
+   sub-sets, so ``mean`` and ``wmean`` mean SentEval's;
+3. otherwise a :class:`DataError` that says where it looked, what failed and how to fix it.
+
+An evaluation set whose number of pairs is not the papers' (:attr:`DatasetDecl.sizes`, SentEval's counts) is refused,
+wherever it was read: another release's split would make the numbers mean something else.
 
 Nothing is silently substituted: a local sample that stands in for a bigger corpus (the 11,914-line
 head of wiki1m, SNLI dev/test triplets instead of SimCSE's 275k SNLI+MNLI triplets) is accepted
@@ -20,6 +26,7 @@ from __future__ import annotations
 import csv
 import glob
 import logging
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,9 +35,18 @@ from typing import Any, Literal, cast, overload
 import numpy as np
 
 from raysent.data.readers import read_lines, read_table
+from raysent.data.senteval_archive import (
+    SICK_FILES,
+    STS_FOLDERS,
+    STSB_FILES,
+    read_sick,
+    read_sts_year,
+    read_stsb,
+)
 from raysent.errors import DataError, did_you_mean
+from raysent.hub import fetch_file, fetch_snapshot, hub_url
 
-# Lazy imports: datasets, huggingface_hub (heavy, and only the functions that need them import them).
+# Lazy imports: datasets (heavy; only the reader of a hub repository's own data files imports it).
 
 log = logging.getLogger(__name__)
 
@@ -122,14 +138,26 @@ class NLIPairs(Data):
 # --------------------------------------------------------------------------- declarations
 @dataclass(frozen=True)
 class HubSource:
-    """Where a split lives on the Hugging Face hub and how its columns map to ours."""
+    """Where a split lives on the Hugging Face hub, at which revision, and how it is read.
+
+    ``reader``: ``senteval_sts`` / ``senteval_stsb`` / ``senteval_sick`` (a set of SentEval's archive ``file``,
+    :mod:`raysent.data.senteval_archive`), ``file`` (one text or table file, read as a ``path:FILE``), ``datasets``
+    (the repository's own data files through ``datasets.load_dataset`` on its snapshot: ``config``, ``split``, the
+    rows whose ``lang`` column is ``lang``, ``columns`` mapped to ours).
+    """
 
     repo: str
-    split: str | None = None  # a split of `repo` (load_dataset) ...
-    file: str | None = None  # ... or one file of a dataset repo (hf_hub_download)
+    revision: str | None  # the commit read (None: the default branch; the commit read is recorded either way)
+    reader: str
+    file: str | None = None
+    split: str | None = None
     config: str | None = None
+    lang: str | None = None
     columns: tuple[tuple[str, str], ...] = ()  # (ours, theirs)
     note: str = ""
+
+    def where(self) -> str:
+        return f"{self.repo}{'/' + self.file if self.file else ''}@{(self.revision or 'main')[:10]}"
 
 
 @dataclass(frozen=True)
@@ -143,28 +171,55 @@ class DatasetDecl:
     score_range: tuple[float, float] = (0.0, 5.0)
     transductive: bool = False
     local_notes: dict[str, str] = field(default_factory=dict)  # split -> note when read locally
+    # split -> the pairs the papers evaluate on (SentEval's counts): a copy with another number is refused
+    sizes: dict[str, int] = field(default_factory=dict)
+    subsets: tuple[str, ...] = ()  # STS12-16: the sub-sets SentEval reads, in its order
+    # split -> the rows of the full set where the local copy is a sample (wiki1m: 1M; nli-triplets: about 275k,
+    # SimCSE §5.1): what a run reads from the hub, for the estimate of a dry run (not checked)
+    full_rows: dict[str, int] = field(default_factory=dict)
 
 
-def _sts_year(name: str, folder: str, subsets: list[str], hub_repo: str) -> DatasetDecl:
+# SimCSE's data (Gao et al. 2021): its training files and SentEval's evaluation data (senteval.tar). The commit is the
+# repository's newest ("update senteval data", 2021-09-03; huggingface.co/datasets/princeton-nlp/datasets-for-simcse/
+# commits/main, read 2026-12-01).
+SIMCSE_REPO = "princeton-nlp/datasets-for-simcse"
+SIMCSE_REVISION = "e145e8bb659b2aa2669f32ef79cb4cdef6c58fef"
+SENTEVAL_TAR = "senteval.tar"
+_SENTEVAL_NOTE = "SentEval's Moses-tokenized copy, the text SimCSE evaluated on"
+
+
+def _senteval(reader: str) -> HubSource:
+    return HubSource(SIMCSE_REPO, SIMCSE_REVISION, reader, file=SENTEVAL_TAR)
+
+
+def _sts_year(name: str, folder: str, subsets: list[str], size: int) -> DatasetDecl:
     return DatasetDecl(
         name=name,
         kind="scored_pairs",
         description=f"{folder} test, all gold-scored pairs of {len(subsets)} sub-sets ({', '.join(subsets)})",
         local={"test": tuple(f"sts/{folder}/{s}.tsv" for s in subsets)},
-        hub={"test": HubSource(hub_repo, split="test", note="the hub copy has no sub-set labels")},
+        hub={"test": _senteval("senteval_sts")},
         default_split="test",
+        sizes={"test": size},
+        subsets=tuple(subsets),
     )
 
 
+# (folder, SentEval's sub-sets, gold-scored pairs: SentEval's and the papers' counts)
 STS_YEARS = {
-    "sts12": ("STS12", ["MSRpar", "MSRvid", "SMTeuroparl", "surprise.OnWN", "surprise.SMTnews"]),
-    "sts13": ("STS13", ["FNWN", "headlines", "OnWN"]),
-    "sts14": ("STS14", ["deft-forum", "deft-news", "headlines", "images", "OnWN", "tweet-news"]),
-    "sts15": ("STS15", ["answers-forums", "answers-students", "belief", "headlines", "images"]),
-    "sts16": ("STS16", ["answer-answer", "headlines", "plagiarism", "postediting", "question-question"]),
+    "sts12": ("STS12", ["MSRpar", "MSRvid", "SMTeuroparl", "surprise.OnWN", "surprise.SMTnews"], 3108),
+    "sts13": ("STS13", ["FNWN", "headlines", "OnWN"], 1500),
+    "sts14": ("STS14", ["deft-forum", "deft-news", "headlines", "images", "OnWN", "tweet-news"], 3750),
+    "sts15": ("STS15", ["answers-forums", "answers-students", "belief", "headlines", "images"], 3000),
+    "sts16": ("STS16", ["answer-answer", "headlines", "plagiarism", "postediting", "question-question"], 1186),
 }
 
-STS17_TRACKS = {  # local file stem -> hub config of mteb/sts17-crosslingual-sts
+# STS17 (Cer et al. 2017) on the hub: MTEB's copy, at the revision the installed mteb 2.26 reads
+# (mteb/tasks/sts/multilingual/sts17_crosslingual_sts.py). That revision ("fast loading", 2026) holds one `default`
+# config with a `lang` column (mteb's AbsTask.fast_load), not a config per track.
+STS17_REPO = "mteb/sts17-crosslingual-sts"
+STS17_REVISION = "faeb762787bd10488a50c8b5be4a3b82e411949c"
+STS17_TRACKS = {  # local file stem -> `lang` of the hub copy (None: no hub copy of that track)
     "ar-ar": "ar-ar",
     "ar-en": None,
     "es-es": "es-es",
@@ -173,46 +228,36 @@ STS17_TRACKS = {  # local file stem -> hub config of mteb/sts17-crosslingual-sts
     "en-en": "en-en",
 }
 
-_STSB_HUB = {
-    "train": HubSource("mteb/stsbenchmark-sts", split="train"),
-    "dev": HubSource("mteb/stsbenchmark-sts", split="validation"),
-    "test": HubSource("mteb/stsbenchmark-sts", split="test"),
-}
-_SICK_COLUMNS = (("sentence1", "sentence_A"), ("sentence2", "sentence_B"), ("score", "relatedness_score"))
-_SICK_HUB = {
-    "train": HubSource("RobZamp/sick", split="train", columns=_SICK_COLUMNS),
-    "dev": HubSource("RobZamp/sick", split="validation", columns=_SICK_COLUMNS),
-    "test": HubSource("RobZamp/sick", split="test", columns=_SICK_COLUMNS),
-}
-_SIMCSE_REPO = "princeton-nlp/datasets-for-simcse"
-
 DATASETS: dict[str, DatasetDecl] = {
-    **{k: _sts_year(k, folder, subsets, f"mteb/{k}-sts") for k, (folder, subsets) in STS_YEARS.items()},
+    **{k: _sts_year(k, folder, subsets, n) for k, (folder, subsets, n) in STS_YEARS.items()},
     "stsb": DatasetDecl(
         name="stsb",
         kind="scored_pairs",
         description="STS Benchmark (Cer et al. 2017): train 5,749 / dev 1,500 / test 1,379 pairs",
         local={s: (f"sts/STSB/{s}.tsv",) for s in ("train", "dev", "test")},
-        hub=_STSB_HUB,
+        hub={s: _senteval("senteval_stsb") for s in ("train", "dev", "test")},
         default_split="test",
+        sizes={"train": 5749, "dev": 1500, "test": 1379},
     ),
     "sickr": DatasetDecl(
         name="sickr",
         kind="scored_pairs",
         description="SICK relatedness (scores 1-5): train 4,500 / dev (trial) 500 / test 4,927 pairs",
         local={s: (f"sts/SICK-R/{s}.tsv",) for s in ("train", "dev", "test")},
-        hub=_SICK_HUB,
+        hub={s: _senteval("senteval_sick") for s in ("train", "dev", "test")},
         default_split="test",
         score_range=(1.0, 5.0),
+        sizes={"train": 4500, "dev": 500, "test": 4927},
     ),
     "sts17": DatasetDecl(
         name="sts17",
         kind="scored_pairs",
         description="SemEval-2017 Task 1 (multilingual / cross-lingual STS), 250 pairs a track",
         local={t: (f"sts/STS17/{t}.tsv",) for t in STS17_TRACKS},
-        hub={t: HubSource("mteb/sts17-crosslingual-sts", split="test", config=c)
-             for t, c in STS17_TRACKS.items() if c},
+        hub={t: HubSource(STS17_REPO, STS17_REVISION, "datasets", split="test", lang=lang)
+             for t, lang in STS17_TRACKS.items() if lang},
         default_split="en-en",
+        sizes={t: 250 for t in STS17_TRACKS},
     ),
     "quora-duplicates": DatasetDecl(
         name="quora-duplicates",
@@ -220,8 +265,8 @@ DATASETS: dict[str, DatasetDecl] = {
         description="Quora duplicate question pairs (404,290; score = label, 1 duplicate, 0 different): "
         "semantic search queries and documents (raysent.eval.retrieval)",
         local={"train": ("pairs/quora_duplicates.tsv",)},
-        hub={"train": HubSource("sentence-transformers/quora-duplicates", split="train", config="pair-class",
-                                columns=(("score", "label"),))},
+        hub={"train": HubSource("sentence-transformers/quora-duplicates", None, "datasets", split="train",
+                                config="pair-class", columns=(("score", "label"),))},
         default_split="train",
         score_range=(0.0, 1.0),
     ),
@@ -250,9 +295,10 @@ DATASETS: dict[str, DatasetDecl] = {
         kind="sentences",
         description="SimCSE's 1M English Wikipedia sentences (wiki1m_for_simcse.txt)",
         local={"train": ("unsup/wiki1m_for_simcse.txt", "unsup/wiki1m_for_simcse.head*.txt")},
-        hub={"train": HubSource(_SIMCSE_REPO, file="wiki1m_for_simcse.txt")},
+        hub={"train": HubSource(SIMCSE_REPO, SIMCSE_REVISION, "file", file="wiki1m_for_simcse.txt")},
         default_split="train",
         local_notes={"train": "local wiki1m is a sample ({n:,} lines), not the full 1M-sentence file"},
+        full_rows={"train": 1_000_000},
     ),
     "nli-triplets": DatasetDecl(
         name="nli-triplets",
@@ -260,21 +306,19 @@ DATASETS: dict[str, DatasetDecl] = {
         description="(premise, entailment, contradiction) triplets: SimCSE's nli_for_simcse.csv "
         "(SNLI+MNLI, ~275k) on the hub; SNLI dev+test triplets (6,503) locally",
         local={"train": ("nli/snli_dev_triplets.tsv", "nli/snli_test_triplets.tsv")},
-        hub={"train": HubSource(_SIMCSE_REPO, file="nli_for_simcse.csv")},
+        hub={"train": HubSource(SIMCSE_REPO, SIMCSE_REVISION, "file", file="nli_for_simcse.csv")},
         default_split="train",
         local_notes={"train": "local nli-triplets are built from SNLI dev+test ({n:,} triplets), "
                      "not SimCSE's SNLI+MNLI train set"},
+        full_rows={"train": 275_000},
     ),
     "snli": DatasetDecl(
         name="snli",
         kind="nli_pairs",
         description="SNLI labelled pairs (premise, hypothesis, entailment/neutral/contradiction)",
         local={"dev": ("nli/snli_dev.tsv",), "test": ("nli/snli_test.tsv",)},
-        hub={
-            "train": HubSource("stanfordnlp/snli", split="train"),
-            "dev": HubSource("stanfordnlp/snli", split="validation"),
-            "test": HubSource("stanfordnlp/snli", split="test"),
-        },
+        hub={s: HubSource("stanfordnlp/snli", None, "datasets", split=theirs, config="plain_text")
+             for s, theirs in (("train", "train"), ("dev", "validation"), ("test", "test"))},
         default_split="train",
     ),
 }
@@ -287,12 +331,6 @@ TRAIN_KINDS = ("sentences", "triplets", "nli_pairs", "scored_pairs")
 def data_dir() -> Path | None:
     d = os.environ.get("RAYSENT_DATA_DIR")
     return Path(d).expanduser() if d else None
-
-
-def hub_offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes") or os.environ.get(
-        "HF_DATASETS_OFFLINE", ""
-    ).lower() in ("1", "true", "yes")
 
 
 # --------------------------------------------------------------------------- spec parsing
@@ -436,29 +474,30 @@ def _load_split(decl: DatasetDecl, split: str) -> Data:
         full_local = decl.name == "wiki1m" and files[0].name == "wiki1m_for_simcse.txt"
         if note and not full_local:
             data.notes.append(note.format(n=len(data)))
-        return data
-    tried = []
-    root = data_dir()
-    if split in decl.local:
-        where = " and ".join(str((root or Path("$RAYSENT_DATA_DIR")) / p) for p in decl.local[split])
-        tried.append(f"{where}" + ("" if root else " (RAYSENT_DATA_DIR is not set)"))
-    hub = decl.hub.get(split)
-    if hub is not None:
-        if hub_offline():
-            tried.append(f"the Hugging Face hub ({hub.repo}): skipped, HF_HUB_OFFLINE is set")
         else:
-            try:
-                return _read_hub(decl, split, hub)
-            except DataError:
-                raise
-            except Exception as exc:  # network, missing repo, ... -> summarised below
-                tried.append(f"the Hugging Face hub ({hub.repo}{'/' + hub.file if hub.file else ''}): "
-                             f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
-    raise DataError(
-        f"data set '{decl.name}:{split}' not found. Looked in: " + "; ".join(tried or ["nowhere"])
-        + ". Fix: set RAYSENT_DATA_DIR to a folder with the layout of shared/data (see docs/experiments.md, "
-        "'Local data and models'), or give the machine access to the Hugging Face hub."
-    )
+            check_size(decl, split, data, " + ".join(str(f) for f in files))
+        return data
+    hub = decl.hub.get(split)
+    root = data_dir()
+    where = " and ".join(str((root or Path("$RAYSENT_DATA_DIR")) / p) for p in decl.local.get(split, ()))
+    local = (f"not in {where}" + ("" if root else " (RAYSENT_DATA_DIR is not set)")) if where else "no local copy"
+    if hub is None:
+        raise DataError(f"data set '{decl.name}:{split}' not found: {local}, and no hub copy is declared for it. "
+                        "Fix: set RAYSENT_DATA_DIR to a folder with the layout of shared/data (see "
+                        "docs/experiments.md, 'Local data and models')")
+    try:
+        return _read_hub(decl, split, hub)
+    except DataError as exc:
+        raise DataError(f"{exc} (data set '{decl.name}:{split}': {local}; then the hub)") from None
+
+
+def check_size(decl: DatasetDecl, split: str, data: Data, source: str) -> None:
+    """Refuse a copy of an evaluation set whose number of pairs is not the papers' (SentEval's counts)."""
+    want = decl.sizes.get(split)
+    if want is not None and len(data) != want:
+        raise DataError(f"{source}: {decl.name}:{split} has {len(data):,} pairs, but the papers evaluate on {want:,} "
+                        "(SentEval's copy): a different split or release would make the numbers incomparable, so it "
+                        "is refused. Use SentEval's files (docs/evaluation.md, 'Where the data comes from')")
 
 
 DATA_DIR_VAR = "$RAYSENT_DATA_DIR"
@@ -514,36 +553,89 @@ def _read_local(decl: DatasetDecl, split: str, files: list[Path]) -> Data:
 
 
 def _read_hub(decl: DatasetDecl, split: str, hub: HubSource) -> Data:
-    """Read one split from the hub (only reached with network access)."""
-    source = f"hf://{hub.repo}" + (f"/{hub.file}" if hub.file else f"[{hub.config or ''}:{hub.split}]")
-    if hub.file is not None:
-        from huggingface_hub import hf_hub_download
-
-        path = Path(hf_hub_download(hub.repo, hub.file, repo_type="dataset"))
-        data = _load_user_file(path, decl.kind)
-        data.name, data.source = f"{decl.name}:{split}", source
+    """Read one split from its pinned hub source, through the Hugging Face cache (offline too: :mod:`.hub`); the
+    record's source names the repository and the commit read."""
+    what = f"{decl.name}:{split}"
+    if hub.reader.startswith("senteval_"):
+        path, commit = fetch_file(hub.repo, hub.file or SENTEVAL_TAR, hub.revision, what)
+        where = hub_url(hub.repo, commit, path.name)
+        if hub.reader == "senteval_sts":
+            pairs = read_sts_year(path, decl.name, list(decl.subsets), where, decl.score_range)
+            member = STS_FOLDERS[decl.name]
+        elif hub.reader == "senteval_stsb":
+            pairs = read_stsb(path, split, where, decl.score_range)
+            member = STSB_FILES[split]
+        else:
+            pairs = read_sick(path, split, where, decl.score_range)
+            member = SICK_FILES[split]
+        data: Data = ScoredPairs(name=what, source=f"{where}/{member}", sentence1=pairs.sentence1,
+                                 sentence2=pairs.sentence2, scores=np.asarray(pairs.scores, dtype=np.float64),
+                                 subsets=pairs.subsets, notes=[hub.note] if hub.note else [])
+        check_size(decl, split, data, f"{where}/{member}")
         return data
+    if hub.reader == "file":
+        path, commit = fetch_file(hub.repo, hub.file or "", hub.revision, what)
+        data = _load_user_file(path, decl.kind)
+        data.name, data.source = what, hub_url(hub.repo, commit, hub.file or "")
+        check_size(decl, split, data, data.source)
+        return data
+    folder, commit = fetch_snapshot(hub.repo, hub.revision, what)
+    data = _read_datasets_folder(decl, split, hub, folder, hub_url(hub.repo, commit) + f"[{hub.config or 'default'}:"
+                                 f"{hub.split}{'; lang=' + hub.lang if hub.lang else ''}]")
+    check_size(decl, split, data, data.source)
+    return data
+
+
+def _read_datasets_folder(decl: DatasetDecl, split: str, hub: HubSource, folder: Path, source: str) -> Data:
+    """A split of a hub repository's snapshot through ``datasets.load_dataset`` on the folder: the same resolution
+    of its README's configs and data files as on the hub, with no loading script run (datasets >= 4 runs none)."""
     import datasets
 
-    ds = datasets.load_dataset(hub.repo, hub.config, split=hub.split)
+    what = f"{decl.name}:{split}"
+    try:
+        ds = datasets.load_dataset(str(folder), hub.config, split=hub.split)
+    except Exception as exc:
+        first = str(exc).splitlines()[0][:200] if str(exc) else ""
+        raise DataError(f"{what}: {source}: datasets could not read split {hub.split!r} of config "
+                        f"{hub.config or 'default'!r} ({type(exc).__name__}: {first})") from None
     cols = dict(hub.columns)
+    if hub.lang is not None:
+        if "lang" not in ds.column_names:
+            raise DataError(f"{what}: {source} has no 'lang' column to pick the track {hub.lang!r} from; its columns: "
+                            f"{', '.join(ds.column_names)}")
+        ds = ds.filter(lambda row: row["lang"] == hub.lang)
 
     def col(ours: str) -> list:
-        return list(ds[cols.get(ours, ours)])
+        theirs = cols.get(ours, ours)
+        if theirs not in ds.column_names:
+            raise DataError(f"{what}: {source} has no column {theirs!r}; its columns: {', '.join(ds.column_names)}")
+        return list(ds[theirs])
 
     if decl.kind == "scored_pairs":
-        scores = np.asarray(col("score"), dtype=np.float64)
-        return ScoredPairs(name=f"{decl.name}:{split}", source=source, sentence1=col("sentence1"),
-                           sentence2=col("sentence2"), scores=scores, subsets=[""] * len(scores),
-                           notes=[hub.note] if hub.note else [])
+        s1, s2, scores = col("sentence1"), col("sentence2"), col("score")
+        check_rows(what, source, s1, s2, scores, decl.score_range)
+        return ScoredPairs(name=what, source=source, sentence1=[str(x).strip() for x in s1],
+                           sentence2=[str(x).strip() for x in s2], scores=np.asarray(scores, dtype=np.float64),
+                           subsets=[""] * len(scores), notes=[hub.note] if hub.note else [])
     if decl.kind == "nli_pairs":
         labels = np.asarray(col("label"), dtype=np.int64)
         keep = labels >= 0  # SNLI marks pairs without a gold label with -1
         p, h = col("premise"), col("hypothesis")
-        return NLIPairs(name=f"{decl.name}:{split}", source=source,
-                        premise=[x for x, k in zip(p, keep) if k], hypothesis=[x for x, k in zip(h, keep) if k],
-                        labels=labels[keep])
+        return NLIPairs(name=what, source=source, premise=[x for x, k in zip(p, keep) if k],
+                        hypothesis=[x for x, k in zip(h, keep) if k], labels=labels[keep])
     raise AssertionError(decl.kind)  # pragma: no cover
+
+
+def check_rows(what: str, source: str, s1: list, s2: list, scores: list, score_range: tuple[float, float]) -> None:
+    """The local reader's checks on rows read from the hub: no empty sentence, every score a number in range."""
+    lo, hi = score_range
+    for i, (a, b, y) in enumerate(zip(s1, s2, scores), start=1):
+        if not str(a or "").strip() or not str(b or "").strip():
+            raise DataError(f"{what}: {source} row {i}: an empty sentence")
+        if y is None or not isinstance(y, (int, float)) or math.isnan(y) or not lo <= y <= hi:
+            raise DataError(f"{what}: {source} row {i}: score {y!r} is not a number in [{lo:g}, {hi:g}]")
+    if not s1:
+        raise DataError(f"{what}: {source} holds no rows")
 
 
 # --------------------------------------------------------------------------- user files

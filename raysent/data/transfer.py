@@ -25,9 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
-from raysent.data.datasets import Data, data_dir, hub_offline
+from raysent.data.datasets import Data, data_dir
 from raysent.data.readers import read_table
 from raysent.errors import DataError, did_you_mean
+from raysent.hub import hub_offline
 
 # Lazy imports: datasets, huggingface_hub (heavy, and only the functions that need them import them).
 

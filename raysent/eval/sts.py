@@ -24,6 +24,7 @@ import numpy as np
 from scipy import stats
 
 from raysent.data import STS_TASKS, ScoredPairs, load
+from raysent.errors import DataError
 from raysent.eval.results import AGGREGATIONS, Aggregation, PairScores, StsResult, StsSetScore, SubsetScore
 from raysent.eval.results import STS_LABELS as TASK_LABELS
 
@@ -83,6 +84,12 @@ def evaluate_sts(
     agg = cast(Aggregation, aggregation)
     t0 = time.perf_counter()
     sets = {t: load(t, "scored_pairs") for t in tasks}
+    if agg != "all":
+        for name, data in sets.items():
+            if name in STS_TASKS[:5] and not any(data.subsets):
+                raise DataError(f"{name}: {data.source} has no sub-set labels, so '{agg}' (SentEval's average over "
+                                "the sub-sets) cannot be computed from it; use the aggregation 'all', or a copy with "
+                                "SentEval's sub-sets (RAYSENT_DATA_DIR's layout, or SentEval's senteval.tar)")
     scored = _score_sets(encode, sets, progress)
     per_set = {name: StsSetScore(**r.model_dump(), spearman=r.correlation("spearman", agg),
                                  pearson=r.correlation("pearson", agg)) for name, r in scored.items()}

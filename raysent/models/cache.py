@@ -26,7 +26,8 @@ from pathlib import Path
 
 import torch
 
-from raysent.models.encoder import Encoder, resolve_model
+from raysent.models.encoder import Encoder
+from raysent.models.locate import locate_model
 
 KEPT_MODELS = 2
 KEPT_DRAWS = 16  # generator states (seeds) remembered per model
@@ -88,11 +89,12 @@ def _copy(template: Encoder) -> Encoder:
     return enc
 
 
-def load_encoder(name: str, dropout: float | None = None) -> Encoder:
-    """``Encoder.load(name, dropout=dropout)``; from this process's cache when enabled (see the module)."""
+def load_encoder(name: str, dropout: float | None = None, revision: str | None = None) -> Encoder:
+    """``Encoder.load(name, dropout=dropout, revision=revision)``; from this process's cache when enabled (see the
+    module)."""
     if not _enabled:
-        return Encoder.load(name, dropout=dropout)
-    where, _ = resolve_model(name)
+        return Encoder.load(name, dropout=dropout, revision=revision)
+    where, _ = locate_model(name, revision)
     key = (signature(where), dropout)
     before = torch.random.get_rng_state()
     state = _state_key(before)
@@ -111,7 +113,7 @@ def load_encoder(name: str, dropout: float | None = None) -> Encoder:
                             own[k].copy_(v)
                     torch.random.set_rng_state(after)
                 return enc
-    enc = Encoder.load(name, dropout=dropout)
+    enc = Encoder.load(name, dropout=dropout, revision=revision)
     after = torch.random.get_rng_state()
     drew = not torch.equal(before, after)
     if drew and not enc.random_init:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -38,9 +37,10 @@ from raysent.models.locate import (
     RAYSENT_META,
     WEIGHT_FILES,
     fix,
+    locate_model,
+    model_source,
     no_layeratt_pooler,
     no_trained_pooler,
-    resolve_model,
 )
 from raysent.models.pooling import inference_pooling, pool, uses_mlp
 from raysent.models.st_export import write_sentence_transformers
@@ -56,34 +56,30 @@ def _quiet_transformers() -> None:
     transformers.utils.logging.disable_progress_bar()
 
 
-def check_model(name: str) -> dict:
-    """What a run needs of ``name`` without loading its weights: it resolves to a local folder with a config, a
-    tokenizer and a weights file (or, with the hub reachable, to a hub model whose config and tokenizer load).
-    Returns where it is and its shape; raises :class:`ModelError` naming what is missing and the fix."""
+def check_model(name: str, revision: str | None = None) -> dict:
+    """What a run needs of ``name`` without loading its weights: it resolves to a local folder (a hub id: its
+    snapshot in the Hugging Face cache, downloaded first when the hub may be asked) with a config, a tokenizer and a
+    weights file. Returns where it is, the revision read and its shape; raises :class:`ModelError` naming what is
+    missing and the fix."""
     from transformers import AutoConfig, AutoTokenizer
 
     _quiet_transformers()
-    where, looked = resolve_model(name)
-    local = Path(where).is_dir()
-    short = name.rstrip("/").split("/")[-1]
-    if local:
-        if not any((Path(where) / f).is_file() for f in WEIGHT_FILES):
-            raise ModelError(f"model '{name}': the folder {where} has a config.json but no weights "
-                             f"({' or '.join(WEIGHT_FILES[::2])}); it is not a complete save_pretrained folder")
-    elif os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
-        raise ModelError(f"model '{name}' not found. Looked in: {'; '.join(looked)}; the Hugging Face hub was "
-                         f"skipped (HF_HUB_OFFLINE is set). " + fix(short))
+    where, looked = locate_model(name, revision)
+    if not any((Path(where) / f).is_file() for f in WEIGHT_FILES):
+        raise ModelError(f"model '{name}': the folder {where} has a config.json but no weights "
+                         f"({' or '.join(WEIGHT_FILES[::2])}); it is not a complete save_pretrained folder")
     try:
         config = AutoConfig.from_pretrained(where)
         AutoTokenizer.from_pretrained(where)
     except OSError as exc:
-        raise ModelError(f"model '{name}' not found. Looked in: {'; '.join(looked) or where}; and the Hugging Face "
-                         f"hub: {str(exc).splitlines()[0][:300]}. " + fix(short)) from None
+        raise ModelError(f"model '{name}' ({where}): its config or tokenizer does not load: "
+                         f"{str(exc).splitlines()[0][:300]}. " + fix(name.rstrip("/").split("/")[-1])) from None
     except (ValueError, KeyError) as exc:
         raise ModelError(f"model '{name}' ({where}): its config or tokenizer does not load: {exc}") from None
-    return {"path": where if local else f"hub: {where}", "type": config.model_type,
-            "layers": getattr(config, "num_hidden_layers", None), "hidden": getattr(config, "hidden_size", None),
-            "positions": max_positions(config)}
+    source = model_source(where)
+    return {"path": where if not source.startswith("hf://") else f"hub: {source}", "source": source,
+            "type": config.model_type, "layers": getattr(config, "num_hidden_layers", None),
+            "hidden": getattr(config, "hidden_size", None), "positions": max_positions(config)}
 
 
 def max_positions(config: Any) -> int | None:
@@ -139,16 +135,16 @@ class Encoder(nn.Module):
 
     # ----------------------------------------------------------------- loading
     @classmethod
-    def load(cls, name: str, dropout: float | None = None) -> Encoder:
-        """Load ``name`` (see :func:`resolve_model`); ``dropout`` overrides hidden and attention dropout."""
+    def load(cls, name: str, dropout: float | None = None, revision: str | None = None) -> Encoder:
+        """Load ``name`` (see :func:`locate_model`: a hub id from its snapshot in the Hugging Face cache, downloaded
+        there first when it is missing and the hub may be asked); ``dropout`` overrides hidden and attention
+        dropout."""
         from transformers import AutoModel, AutoTokenizer
 
         _quiet_transformers()
-        where, looked = resolve_model(name)
-        is_local = Path(where).is_dir()
-        offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
-        if not is_local and offline or is_local and not any((Path(where) / f).is_file() for f in WEIGHT_FILES):
-            check_model(name)  # raises the error that says what is missing
+        where, looked = locate_model(name, revision)
+        if not any((Path(where) / f).is_file() for f in WEIGHT_FILES):
+            check_model(name, revision)  # raises the error that says what is missing
         overrides = {}
         if dropout is not None:
             overrides = {"hidden_dropout_prob": dropout, "attention_probs_dropout_prob": dropout}
@@ -157,10 +153,8 @@ class Encoder(nn.Module):
                                                     **overrides)
             tokenizer = AutoTokenizer.from_pretrained(where)
         except OSError as exc:
-            raise ModelError(
-                f"model '{name}' not found. Looked in: {'; '.join(looked) or where}; and the Hugging Face "
-                f"hub: {str(exc).splitlines()[0][:300]}. " + fix(name.rstrip("/").split("/")[-1])
-            ) from None
+            raise ModelError(f"model '{name}' ({where}) cannot be loaded: {str(exc).splitlines()[0][:300]}. "
+                             + fix(name.rstrip("/").split("/")[-1])) from None
         except (ValueError, KeyError) as exc:
             raise ModelError(f"model '{name}' ({where}) cannot be loaded by transformers.AutoModel: {exc}") from None
         if dropout is not None:
@@ -175,8 +169,8 @@ class Encoder(nn.Module):
             log.warning("model %s: weights missing from the checkpoint (randomly initialised): %s",
                         name, ", ".join(other_missing[:8]))
         meta = LoadedMeta()
-        meta_file = Path(where) / RAYSENT_META if is_local else None
-        if meta_file is not None and meta_file.is_file():
+        meta_file = Path(where) / RAYSENT_META
+        if meta_file.is_file():
             raw = json.loads(meta_file.read_text())
             meta = LoadedMeta(pooling=raw.get("pooling"), extra=raw)
         head = None
@@ -193,6 +187,12 @@ class Encoder(nn.Module):
         encoder = cls(model, tokenizer, source=where, has_trained_pooler=has_pooler, meta=meta, head=head)
         encoder.random_init = tuple(sorted(missing))  # drawn from torch's generator (raysent.models.cache)
         return encoder
+
+    @property
+    def source_id(self) -> str:
+        """What the model was read from, as a run record names it: ``hf://<repo>@<commit>`` (a snapshot of the
+        Hugging Face cache), ``$RAYSENT_MODEL_DIR/<folder>``, or the folder (:func:`model_source`)."""
+        return model_source(self.source)
 
     # ----------------------------------------------------------------- shape
     @property

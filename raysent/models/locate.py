@@ -7,13 +7,16 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import struct
 from pathlib import Path
 
 from raysent.errors import ModelError, advice
+from raysent.hub import commit_of, fetch_snapshot, hub_cache_dir, hub_error, hub_offline, hub_url
 from raysent.models.pooling import BASE_POOLINGS, inference_pooling, uses_mlp
 
 RAYSENT_META = "raysent.json"
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 # a trained pooling head that is not part of the HF model (layeratt's): the weights of the sentence-transformers
 # module that computes it; models saved before 0.2 kept them in raysent_head.safetensors
 HEAD_FILES = ("1_RaysentPooling/model.safetensors", "raysent_head.safetensors")
@@ -36,8 +39,10 @@ def _packaged_model_dir(name: str) -> Path | None:
     return folder if (folder / "config.json").is_file() else None
 
 
-def resolve_model(name: str) -> tuple[str, list[str]]:
-    """The local folder (or hub id) to load ``name`` from, and the places looked at."""
+def resolve_model(name: str, revision: str | None = None) -> tuple[str, list[str]]:
+    """The local folder (or hub id) to load ``name`` from, and the places looked at. A hub id already in the Hugging
+    Face cache resolves to its snapshot folder (``revision``: the commit, branch or tag; default ``main``): offline,
+    that is how a model downloaded before is used (:func:`locate_model` downloads one that is not there)."""
     looked: list[str] = []
     path = Path(name).expanduser()
     if path.is_dir():
@@ -58,7 +63,77 @@ def resolve_model(name: str) -> tuple[str, list[str]]:
     packaged = _packaged_model_dir(name)
     if packaged is not None:
         return str(packaged), looked
+    snapshot = cached_snapshot(name, revision)
+    if snapshot is not None:
+        return str(snapshot), looked
+    looked.append(f"the Hugging Face cache ({hub_cache_dir()}: {name} at {revision or 'main'})")
     return name, looked
+
+
+def is_hub_id(name: str) -> bool:
+    """``org/name`` or ``name`` as the hub spells a model (no path separators beyond one slash, no spaces)."""
+    return bool(HUB_ID.fullmatch(name))
+
+
+def cached_snapshot(name: str, revision: str | None = None) -> Path | None:
+    """The snapshot folder of hub model ``name`` in the Hugging Face cache (its config.json there), else None: a
+    lookup in the cache only, never the network."""
+    if not is_hub_id(name):
+        return None
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(name, "config.json", cache_dir=str(hub_cache_dir()), revision=revision)
+    return Path(found).parent if isinstance(found, str) else None
+
+
+# what a model needs of its hub repository: configs (the model's, the tokenizer's, sentence-transformers' modules),
+# the tokenizer's vocabulary files and the weights in one format (safetensors where the repository has them); not its
+# TensorFlow, Flax, ONNX or OpenVINO copies
+MODEL_FILES = ["*.json", "*.txt", "*.model"]
+
+
+def locate_model(name: str, revision: str | None = None) -> tuple[str, list[str]]:
+    """:func:`resolve_model`, then, for a hub id not in the cache and the hub allowed, its download into the cache
+    (the files :data:`MODEL_FILES` names and the weights): always a local folder, or a :class:`ModelError` that says
+    where it looked and what to do."""
+    where, looked = resolve_model(name, revision)
+    if Path(where).is_dir() or not is_hub_id(name):
+        return where, looked
+    short = name.rstrip("/").split("/")[-1]
+    if hub_offline():
+        raise ModelError(f"model '{name}' not found. Looked in: {'; '.join(looked)}; the Hugging Face hub was not "
+                         f"asked (HF_HUB_OFFLINE is set). " + fix(short) + f" Or download it once on a machine with "
+                         f"the hub (`hf download {name}" + (f" --revision {revision}" if revision else "") + "`) into "
+                         "that cache")
+    from huggingface_hub import HfApi
+
+    try:
+        files = HfApi().list_repo_files(name, revision=revision)
+    except Exception as exc:
+        raise hub_error(exc, f"model '{name}'", name, "", revision, "model", ModelError) from None
+    weights = ["*.safetensors"] if any(f.endswith(".safetensors") for f in files) else ["pytorch_model*.bin"]
+    folder, _ = fetch_snapshot(name, revision, f"model '{name}'", repo_type="model",
+                               allow_patterns=MODEL_FILES + weights, error=ModelError)
+    return str(folder), looked
+
+
+def model_source(where: str | Path) -> str:
+    """How a run record names the model it read: ``hf://<repo>@<commit>`` for a snapshot of the Hugging Face cache,
+    ``$RAYSENT_MODEL_DIR/<folder>`` under that folder, else the path."""
+    path = Path(where)
+    parts = path.parts
+    if "snapshots" in parts and parts.index("snapshots") > 0:
+        repo_folder = parts[parts.index("snapshots") - 1]
+        if repo_folder.startswith("models--"):
+            return hub_url(repo_folder.removeprefix("models--").replace("--", "/"), commit_of(path / "x"),
+                           repo_type="model")
+    root = os.environ.get("RAYSENT_MODEL_DIR")
+    if root:
+        try:
+            return f"$RAYSENT_MODEL_DIR/{path.resolve().relative_to(Path(root).resolve())}"
+        except ValueError:
+            pass
+    return str(where)
 
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",

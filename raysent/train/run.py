@@ -42,7 +42,7 @@ def build_method(cfg: ExperimentConfig) -> Method:
         use_huge_pages()  # before the model's weights: PyTorch reads its switch at the first large tensor
     set_seed(cfg.train.seed)
     # read from disk once per process that reuses runs (reuse_across_runs): a fresh copy, the same weights and heads
-    encoder = load_encoder(cfg.model.name, dropout=cfg.model.dropout)
+    encoder = load_encoder(cfg.model.name, dropout=cfg.model.dropout, revision=cfg.model.revision)
     return get_method(cfg.method)(encoder, cfg.method_params)
 
 

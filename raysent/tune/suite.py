@@ -34,7 +34,7 @@ from raysent.config import ExperimentConfig, load_config, parse_config, read_yam
 from raysent.data.datasets import DATASETS, STS_TASKS, local_files, parse_spec
 from raysent.errors import ConfigError, Interrupted, RaysentError
 from raysent.methods.spec import get_spec
-from raysent.models.encoder import resolve_model
+from raysent.models.locate import resolve_model
 from raysent.report.compare import ComparisonResult, Side, compare
 from raysent.report.runs import Run, load_experiment
 from raysent.tune.cost import Estimate, estimate_seconds
@@ -180,8 +180,7 @@ def sources(cfg: ExperimentConfig) -> dict[str, str]:
             out[f"data {name}:{split}"] = (f"local: {', '.join(str(f) for f in files)}"
                                            + (" (a local stand-in, not the paper's full set: see `raysent data`)"
                                               if sample else "") if files else
-                                           f"download: Hugging Face hub {hub.repo}"
-                                           f"{'/' + hub.file if hub and hub.file else ''}"
+                                           f"download: Hugging Face hub {hub.where()}"
                                            if hub else "missing: not local and not on the hub")
     return out
 

@@ -174,7 +174,8 @@ def test_missing_local_data_and_no_hub_says_where_it_looked(tmp_path, monkeypatc
         load("stsb:dev")
     msg = str(info.value)
     assert "stsb:dev" in msg and str(tmp_path / "sts/STSB/dev.tsv") in msg
-    assert "HF_HUB_OFFLINE" in msg and "mteb/stsbenchmark-sts" in msg and "RAYSENT_DATA_DIR" in msg
+    assert "HF_HUB_OFFLINE" in msg and "princeton-nlp/datasets-for-simcse/senteval.tar" in msg
+    assert "RAYSENT_DATA_DIR" in msg and "hf download" in msg
 
 
 def test_missing_model_says_where_it_looked(monkeypatch, tmp_path):

@@ -107,8 +107,10 @@ def test_paper_suite_plan_without_local_data(monkeypatch):
     monkeypatch.delenv("RAYSENT_DATA_DIR")
     p = plan(REPO / "benchmarks" / "paper.yaml")
     assert p["local"] == []
-    for needed in ("data wiki1m:train: Hugging Face hub princeton-nlp/datasets-for-simcse/wiki1m_for_simcse.txt",
-                   "data snli:train: Hugging Face hub stanfordnlp/snli", "data sts12:test: Hugging Face hub mteb/sts12-sts"):
+    for needed in ("data wiki1m:train: Hugging Face hub princeton-nlp/datasets-for-simcse/wiki1m_for_simcse.txt"
+                   "@e145e8bb65", "data snli:train: Hugging Face hub stanfordnlp/snli@main",
+                   "data sts12:test: Hugging Face hub princeton-nlp/datasets-for-simcse/senteval.tar@e145e8bb65",
+                   "data sickr:test: Hugging Face hub princeton-nlp/datasets-for-simcse/senteval.tar@e145e8bb65"):
         assert needed in p["downloads"]
 
 
