@@ -21,7 +21,8 @@ from typing import Any
 from urllib.parse import urlparse
 
 from raysent.config import ExperimentConfig, with_overrides
-from raysent.data import load
+from raysent.data import DATASETS, STS_TASKS, load
+from raysent.data.transfer import load_task, task_names
 from raysent.errors import RaysentError, advice, set_field
 from raysent.io import not_a_folder
 from raysent.tracking import redact, tracking_uri
@@ -148,9 +149,35 @@ def check_data(cfg: ExperimentConfig) -> dict[str, Any]:
             rows[spec] = len(load(spec, "scored_pairs"))
         except RaysentError as exc:
             problems.append(f"data.dev: {exc}")
+    for field, spec in test_sets(cfg):
+        if spec in rows:
+            continue
+        try:
+            rows[spec] = len(load_task(spec.removeprefix("senteval:"))) if spec.startswith("senteval:") else len(
+                load(spec, "scored_pairs"))
+        except RaysentError as exc:
+            problems.append(f"{field} (the final phase's test sets): {exc}")
     if problems:
         raise PreflightError("; ".join(problems))
     return rows
+
+
+def test_sets(cfg: ExperimentConfig) -> list[tuple[str, str]]:
+    """(field, data spec) of every set the final phase evaluates on (``eval.tasks``): read before the first trial, so
+    a set that cannot be read stops the search before it trains, not after. SentEval tasks are ``senteval:<task>``."""
+    e = cfg.eval
+    out: list[tuple[str, str]] = []
+    if "sts" in e.tasks:
+        out += [("eval.sts_sets", s) for s in (e.sts_sets or STS_TASKS)]
+    if "sts17" in e.tasks:
+        out += [("eval.sts17_tracks", f"sts17:{t}") for t in (e.sts17_tracks or DATASETS["sts17"].local)]
+    if "search" in e.tasks:
+        out.append(("eval.search_data", e.search_data))
+    if "geometry" in e.tasks:
+        out.append(("eval.geometry_data", e.geometry_data))
+    if "senteval" in e.tasks:
+        out += [("eval.senteval_tasks", f"senteval:{t}") for t in (e.senteval_tasks or task_names())]
+    return out
 
 
 def max_lengths(cfg: ExperimentConfig) -> dict[str, int]:

@@ -41,7 +41,8 @@ def test_dry_runs_print_row_counts_and_an_estimate(tmp_path):
     proc = cli_in_process("tune", QUICK, "--dry-run", "--format", "json", "--set", f"tracking.results_dir={tmp_path}")
     plan = json.loads(proc.stdout)
     assert plan["checked"]["data"] == {"stsb-unlabeled": "17256 (4000 used: data.max_train_samples)",
-                                       "stsb:dev": 1500}
+                                       "stsb:dev": 1500, "sts12": 3108, "sts13": 1500, "sts14": 3750, "sts15": 3000,
+                                       "sts16": 1186, "stsb": 1379, "sickr": 4927}
     assert plan["checked"][f"model {RAW_BERT}"]["layers"] == 4
     # 6 search trials + 2 final runs of 60 steps
     assert plan["estimate"]["runs"] == 8 and plan["estimate"]["optimizer steps per run"] == 60
@@ -120,6 +121,36 @@ def test_preflight_takes_the_largest_searched_batch_and_every_stage(tmp_path):
                         "params": {"supervision": "sup-unsup"}, "tracking": {"results_dir": str(tmp_path)}})
     with pytest.raises(PreflightError, match="/nowhere/nli.jsonl"):
         preflight(cfg)
+
+
+@pytest.mark.shared
+def test_a_test_set_the_final_phase_cannot_read_stops_the_run_before_any_trial(tmp_path, monkeypatch):
+    """SICK-R's test split is missing locally and, offline, not in the Hugging Face cache: preflight names it and the
+    field that asked for it, before any trial trains (it used to fail after the whole search)."""
+    from raysent.config import parse_config
+
+    data = tmp_path / "data"
+    for part in ("sts/STSB", "sts/SICK-R"):
+        (data / part).mkdir(parents=True)
+        for f in (SHARED / "data" / part).glob("*.tsv"):
+            if f.name != "test.tsv" or part == "sts/STSB":
+                (data / part / f.name).symlink_to(f)
+    for year in ("STS12", "STS13", "STS14", "STS15", "STS16"):
+        (data / "sts" / year).symlink_to(SHARED / "data" / "sts" / year)
+    monkeypatch.setenv("RAYSENT_DATA_DIR", str(data))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    cfg = parse_config({"name": "p", "method": "simcse-unsup", "model": {"name": RAW_BERT},
+                        "data": {"train": "stsb:dev"}, "tracking": {"results_dir": str(tmp_path / "r")}})
+    with pytest.raises(PreflightError) as err:
+        preflight(cfg, resources=False)
+    msg = str(err.value)
+    assert "eval.sts_sets (the final phase's test sets): sickr:test" in msg and "hf download" in msg
+    assert msg.count("eval.sts_sets") == 1  # the other six test sets are there
+    cfg = parse_config({"name": "p", "method": "simcse-unsup", "model": {"name": RAW_BERT},
+                        "data": {"train": "stsb:dev"}, "eval": {"sts_sets": ["stsb", "sts12"]},
+                        "tracking": {"results_dir": str(tmp_path / "r")}})
+    assert set(preflight(cfg, resources=False)["data"]) == {"stsb:dev", "stsb", "sts12"}
 
 
 class _Trial:

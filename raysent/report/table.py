@@ -349,6 +349,7 @@ def build_table(
     if any("[no learning:" in r.label for r in rows):
         notes.append("[no learning: k/n at step 0]: in k of the row's n runs the best dev score was the untouched "
                      "encoder's (step 0), so those runs report the input model, not what training made of it")
+    notes += hub_notes(runs)
     if "search" in phases:
         notes.insert(0, "search-phase runs are not evaluated on the test sets (the final phase is), so their test "
                      "cells are empty; their model-selection score is the Dev column")
@@ -365,6 +366,30 @@ def build_table(
                   if dev else "")
                + (f"; rows grouped by {', '.join(group_by)}" if group_by else ""))
     return Table(rows, columns, caption, notes, aggregation, correlation)
+
+
+def hub_notes(runs: list[Run]) -> list[str]:
+    """A note per hub repository and commit the runs' test sets and models were read from (``hf://...@<commit>``):
+    which copy of the data and which revision of the model the numbers are of. Local copies need no note (the
+    data's layout is shared/data's); a table whose runs read different copies of one set says so."""
+    by_source: dict[str, set[str]] = {}
+    copies: dict[str, set[str]] = {}
+    for r in runs:
+        sts = r.record.eval.sts if r.record.eval is not None else None
+        read = {**(r.record.sources or {}), **({f"test {k}": v for k, v in sts.sources.items()} if sts else {})}
+        for what, src in read.items():
+            copies.setdefault(what, set()).add(src.split("@")[0] if src.startswith("hf://") else "local")
+            if src.startswith("hf://"):
+                repo_at = "/".join(src.split("/")[:5]) if src.startswith("hf://datasets/") else "/".join(
+                    src.split("/")[:4])
+                by_source.setdefault(repo_at, set()).add(what.split(" ", 1)[-1].split(":")[0])
+    notes = [f"read from the Hugging Face hub: {src} ({', '.join(sorted(what))})" for src, what in sorted(
+        by_source.items())]
+    mixed = sorted(w for w, kinds in copies.items() if len(kinds) > 1)
+    if mixed:
+        notes.append(f"the runs read different copies of {', '.join(mixed)} (local and hub, or two hub sources): "
+                     "compare them with care")
+    return notes
 
 
 def _add_published(rows: list[Row], which: str, path, columns, aggregation, correlation) -> tuple[list[Row], list[str]]:

@@ -500,8 +500,21 @@ def summarize(run: Run, state: TrainState, resumed_at: int | None, prepared: dic
         prepare=prepared,
         phases={k: round(v, 3) for k, v in run.phases.items()},
         best_model_dir=str(run.best_dir) if hooks.rank == 0 else None,
+        sources=sources(run),
         **run.record,
     )
+
+
+def sources(run: Run) -> dict[str, str]:
+    """What the run read, as its record names it: the model (``hf://<repo>@<commit>`` from the hub, with the commit
+    read), the training data and each dev set (rank 0's view)."""
+    out = {"model": run.method.encoder.source_id}
+    train = (run.record or {}).get("data", {}).get("source")
+    if train:
+        out["train"] = str(train)
+    for spec, data in (run.dev_sets or {}).items():
+        out[f"dev {spec}"] = data.source
+    return out
 
 
 def run_training(cfg: ExperimentConfig, method: Method, data: TokenizedData, dev_specs: list[str],

@@ -16,7 +16,7 @@ that names the file and the field. Version history:
 * 2 — ``node`` added (optional); paths relative on disk (2026-11-25): read as version 3.
 * 3 — ``eval`` typed (:class:`~raysent.eval.results.Evaluation`: each task's result by its name, in place of
   version 2's ``{"metrics", "details"}``, whose metrics are the results' own), ``stopped`` typed
-  (:class:`StoppedBy`), ``initial_dev`` a map of numbers (2026-11-28).
+  (:class:`StoppedBy`), ``initial_dev`` a map of numbers (2026-11-28); ``sources`` added, optional (2026-12-01).
 
 A record answers :meth:`RunRecord.score` (a test number by task, aggregation and correlation, or its best dev
 score), as mteb's ``TaskResult.get_score`` does.
@@ -121,6 +121,8 @@ class RunRecord(BaseModel):
     train_seconds: float | None = None
     sentences_per_second: float | None = None
     workers: int | None = None
+    sources: dict[str, str] | None = Field(None, description="what it read: the model and the training and dev data, "
+                                           "each with the hub commit read (hf://...@<commit>) or its local path")
     best_model_dir: str | None = None
     node: str | None = Field(None, description="the Ray node the run trained on (its best model is on that node's "
                                                "disk)")
@@ -246,6 +248,8 @@ class TrainSummary(BaseModel):
     prepare: dict[str, Any] | None = Field(None, description="what the method computed before training")
     phases: dict[str, float] = Field(default_factory=dict, description="seconds per part of a step")
     data: dict[str, Any] = Field(default_factory=dict, description="what it trained on")
+    sources: dict[str, str] = Field(default_factory=dict, description="what it read: the model and the data, each "
+                                    "with the hub commit read (hf://...@<commit>) or its local path")
     startup: dict[str, Any] = Field(default_factory=dict, description="seconds to build the method, the data")
     best_model_dir: str | None = None
     # the driver (raysent.train.run.finish, train_stages; Ray Train's storage)

@@ -184,7 +184,7 @@ def resolve_trial(config: dict, ctx: TrialContext, trial_id: str,
 
 # the run record's fields that come from the training summary, under the same names (best_model_dir besides)
 _TRAINING_FIELDS = ("transductive", "best_dev_spearman", "best_step", "initial_dev", "dev_curve", "final_step",
-                    "train_seconds", "sentences_per_second", "workers")
+                    "train_seconds", "sentences_per_second", "workers", "sources")
 
 
 def training_fields(summary: TrainSummary) -> dict[str, Any]:
