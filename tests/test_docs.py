@@ -24,17 +24,20 @@ output in order; a line ``...`` stands for any lines, and ``...`` inside a line 
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, warm_starter
+from conftest import REPO, cli_in_process, warm_starter
 
 README = REPO / "README.md"
 RESULTS_DOC = REPO / "docs" / "results.md"
@@ -120,16 +123,18 @@ def test_a_block_run_elsewhere_names_a_test_that_reads_its_page(b):
 
 # --------------------------------------------------------------------------- running one
 def folder_for_blocks(root: Path, with_quick: bool = True) -> Path:
-    """A work folder like a checkout: the files the blocks read, the committed results, ../shared beside it."""
+    """A work folder like a checkout after its user ran the README's main job again: the files the blocks read, the
+    results HEAD commits, a second, newer search of ``quick`` with other numbers (:func:`add_a_user_search`), and
+    ../shared beside it. (Without ``with_quick``: no results/quick at all, for the slow blocks' own search.)"""
     work = root / "work"
     work.mkdir(parents=True)
     for name in COPIED:
         shutil.copytree(REPO / name, work / name, ignore=shutil.ignore_patterns("__pycache__"))
-    for rel in committed_results():
-        if not with_quick and rel.parts[1] == "quick":
-            continue
-        (work / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(REPO / rel, work / rel)
+    copy_committed_results(work)
+    if with_quick:
+        add_a_user_search(work / "results" / "quick")
+    else:
+        shutil.rmtree(work / "results" / "quick")
     shared = root / "shared"
     shared.mkdir()
     (shared / "data").symlink_to(Path(os.environ["RAYSENT_DATA_DIR"]).resolve())
@@ -137,16 +142,70 @@ def folder_for_blocks(root: Path, with_quick: bool = True) -> Path:
     return work
 
 
-def committed_results() -> list[Path]:
-    """results/ as a checkout has it: the files git tracks or would (not a local run's mlflow.db, models, state)."""
+def copy_committed_results(work: Path) -> None:
+    """results/ as HEAD commits it, into ``work``: never what a user's runs added to or changed in the working tree
+    (the README's main job writes results/quick/, which git tracks). Outside a git checkout: the working tree's
+    results/ without what a run leaves there."""
     try:
-        listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "results"],
-                                capture_output=True, text=True, cwd=REPO, check=True).stdout.split()
-    except (OSError, subprocess.CalledProcessError):  # not a git checkout: all but what a run leaves there
+        archive = subprocess.run(["git", "archive", "--format=tar", "HEAD", "results"], capture_output=True,
+                                 cwd=REPO, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
         skip = ("mlflow.db", "mlartifacts", "mlruns", "tune", "final", "search")
-        listed = [str(p.relative_to(REPO)) for p in (REPO / "results").rglob("*")
-                  if p.is_file() and not any(s in p.relative_to(REPO / "results").parts for s in skip)]
-    return [Path(p) for p in listed if (REPO / p).is_file()]
+        for p in (REPO / "results").rglob("*"):
+            rel = p.relative_to(REPO)
+            if p.is_file() and not any(s in p.relative_to(REPO / "results").parts for s in skip):
+                (work / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(p, work / rel)
+        return
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(work, filter="data")
+
+
+USER_SEARCH = "20261201-093000"  # newer than the committed search of quick, 20261127-150022
+
+
+def add_a_user_search(quick: Path) -> None:
+    """What a user's second run of the main job leaves in results/quick: a newer search's run files, same
+    configurations, other numbers (every score 0.5 higher), its summary.json and best.yaml in place of the committed
+    ones. The docs' examples must show the committed search still (they name it) and not fail on two searches."""
+
+    def shifted(value):
+        if isinstance(value, float):
+            return value + 0.5
+        if isinstance(value, dict):
+            return {k: shifted(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [shifted(v) for v in value]
+        return value
+
+    for f in sorted((quick / "runs").glob("*-20261127-150022-*.json")):
+        record = json.loads(f.read_text())
+        record["search"] = USER_SEARCH
+        for key in ("scores", "eval", "best_dev_spearman", "dev_curve"):
+            if key in record:
+                record[key] = shifted(record[key])
+        (f.parent / f.name.replace("20261127-150022", USER_SEARCH)).write_text(json.dumps(record, indent=2))
+    summary = json.loads((quick / "summary.json").read_text())
+    (quick / "summary.json").write_text(json.dumps(summary, indent=2).replace("20261127-150022", USER_SEARCH))
+
+
+@pytest.mark.shared
+def test_the_blocks_folder_holds_heads_results_and_a_users_second_search(tmp_path):
+    """The folder the doc blocks run in: a table of ``quick`` is the user's newer search, saying that another exists;
+    ``--search`` gives the committed one, whose numbers docs/search.md quotes."""
+    work = folder_for_blocks(tmp_path)
+    results = str(work / "results")
+    newest = cli_in_process("table", "quick", "--results-dir", results, "--no-write").stdout
+    assert f"quick: the newest of its 2 searches, {USER_SEARCH} (the others: 20261127-150022" in newest
+    assert "41.57±0.81 (2)" in newest and "41.07±0.81 (2)" not in newest  # the user's numbers (+0.5)
+    committed = cli_in_process("table", "quick", "--results-dir", results, "--no-write", "--search",
+                               "20261127-150022").stdout
+    assert "41.07±0.81 (2)" in committed and "newest" not in committed
+    git = subprocess.run(["git", "ls-tree", "-r", "--name-only", "HEAD", "results"], capture_output=True, text=True,
+                         cwd=REPO)
+    if git.returncode == 0:  # in a checkout: exactly HEAD's files, whatever the working tree holds
+        here = {str(p.relative_to(work)) for p in (work / "results").rglob("*") if p.is_file()}
+        assert here - {p for p in here if USER_SEARCH in p} == set(git.stdout.split())
 
 
 def repo_state() -> set[str]:

@@ -21,6 +21,8 @@ def register(sub) -> None:
     cp.add_argument("runs", nargs="+", metavar="RUN")
     cp.add_argument("--phase", choices=["final", "search", "any"], default="final",
                     help="phase of the runs an experiment or config_id names (default final; globs are taken as given)")
+    cp.add_argument("--search", metavar="ID", help="for a RUN that is an experiment or a config_id: the search whose "
+                    "runs to take (its id; default: the experiment's newest); a glob of run files is taken as given")
     cp.add_argument("--aggregation", choices=["all", "mean", "wmean"], default="all")
     cp.add_argument("--correlation", choices=["spearman", "pearson"], default="spearman")
     cp.add_argument("--alpha", type=float, default=0.05, help="p-values below it are marked * (default 0.05)")
@@ -38,7 +40,7 @@ def run(args) -> int:
     check_results_dir(args.results_dir)
     phase = None if args.phase == "any" else args.phase
     res = compare(args.runs, args.results_dir, phase=phase, aggregation=args.aggregation,
-                  correlation=args.correlation, budget=True)
+                  correlation=args.correlation, budget=True, search=args.search)
     print(json.dumps(res.to_json(), indent=2) if args.format == "json" else format_comparison(res, alpha=args.alpha))
     if args.budget_plot:
         from raysent.report.plots import plot_budget

@@ -26,6 +26,8 @@ def register(sub) -> None:
     tb.add_argument("--phase", choices=["final", "search"], default="final",
                     help="final: the best configuration on every seed, test scores (default); search: every "
                     "searched configuration, dev scores only")
+    tb.add_argument("--search", metavar="ID", help="the search whose runs to tabulate (its id, e.g. 20261127-150022; "
+                    "'all': every search); default: each experiment's newest")
     tb.add_argument("--aggregation", choices=["all", "mean", "wmean"], default="all",
                     help="STS12-16 aggregation: all (one correlation over every pair of the year, SimCSE/MTEB), mean "
                     "or wmean (SentEval's per-sub-set averages); run files written by raysent tune hold all three")
@@ -52,7 +54,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from raysent.report.runs import experiments, load_experiment
+    from raysent.report.runs import experiments, load_experiment, pick_search
     from raysent.report.table import build_table, output_stem
 
     check_results_dir(args.results_dir)
@@ -60,13 +62,15 @@ def run(args) -> int:
     if not names:
         raise RaysentError(f"no experiment with run files under {args.results_dir}/ (results/<experiment>/runs/*.json; "
                            "`raysent tune FILE.yaml` writes them)")
-    runs = [r for name in names for r in load_experiment(name, args.results_dir, args.phase)]
+    runs, notes = pick_search([r for name in names for r in load_experiment(name, args.results_dir, args.phase)],
+                              args.search, ", ".join(names))
     group_by = split_list(args.group_by)
     published_file = args.published_file
     if published_file is None and (Path(args.results_dir) / "published.yaml").is_file():
         published_file = Path(args.results_dir) / "published.yaml"
     table = build_table(runs, aggregation=args.aggregation, correlation=args.correlation, group_by=group_by,
                         published=args.published, published_file=published_file, dev=args.dev)
+    table.notes[:0] = notes
     if args.format == "markdown":
         print(table.to_markdown(), end="")
     elif args.format == "latex":
@@ -75,7 +79,7 @@ def run(args) -> int:
         print(table.to_csv(), end="")
     if not args.no_write:
         stem = args.output or output_stem(args.results_dir, names, args.phase, args.aggregation, args.correlation,
-                                          group_by, args.published)
+                                          group_by, args.published, args.search)
         paths = table.write(stem)
         print(f"wrote {', '.join(str(p) for p in paths)}", file=sys.stderr)
     return 0

@@ -229,7 +229,8 @@ def paired_tasks(base: dict[int, Run], other: dict[int, Run], aggregation: Aggre
 
 
 def compare(specs: list[str], results_dir: str | Path = "results", phase: str | None = "final",
-            aggregation: str = "all", correlation: str = "spearman", budget: bool = False) -> ComparisonResult:
+            aggregation: str = "all", correlation: str = "spearman", budget: bool = False,
+            search: str | None = None) -> ComparisonResult:
     """Every RUN after the first against the first (see the module docstring); ``budget``: each side's search's
     budget curve too (``budget`` of the baseline and of each comparison's run; None where there is none)."""
     if len(specs) < 2:
@@ -238,7 +239,7 @@ def compare(specs: list[str], results_dir: str | Path = "results", phase: str | 
     corr: Correlation = check_choice(correlation, CORRELATIONS, "--correlation")
     sides = []
     for spec in specs:
-        runs = resolve(spec, results_dir, phase)
+        runs = resolve(spec, results_dir, phase, search)
         check_aggregation(runs, agg)
         sides.append((spec, by_seed(runs, spec)))
     base_spec, base = sides[0]

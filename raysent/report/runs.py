@@ -234,12 +234,13 @@ def check_choice(value: str, allowed: Sequence[C], option: str) -> C:
     raise RaysentError(f"{option} {value!r}: unknown{did_you_mean(value, allowed)}; allowed: {', '.join(allowed)}")
 
 
-def resolve(spec: str, results_dir: str | Path, phase: str | None = "final") -> list[Run]:
+def resolve(spec: str, results_dir: str | Path, phase: str | None = "final", search: str | None = None
+            ) -> list[Run]:
     """The runs a user names: an experiment, ``EXPERIMENT:CONFIG_ID``, a config_id, or a glob of run files.
 
-    For an experiment or a config_id only runs of ``phase`` are kept (None: any phase), of the experiment's
-    newest search (:func:`latest_search`). A glob is taken as given (every file it matches, whatever the
-    phase or search).
+    For an experiment or a config_id only runs of ``phase`` are kept (None: any phase), of the search ``search``
+    names (default: the experiment's newest, :func:`pick_search`). A glob is taken as given (every file it matches,
+    whatever the phase or search).
     """
     root = Path(results_dir)
     if any(ch in spec for ch in "*?[") or spec.endswith(".json"):
@@ -247,7 +248,29 @@ def resolve(spec: str, results_dir: str | Path, phase: str | None = "final") -> 
         if not files:
             raise RaysentError(f"{spec!r}: no run file matches this glob")
         return [read_run(p) for p in files]
-    return latest_search(_resolve_named(spec, root, phase))
+    return pick_search(_resolve_named(spec, root, phase), search, spec)[0]
+
+
+def pick_search(runs: list[Run], search: str | None, what: str) -> tuple[list[Run], list[str]]:
+    """The runs of one search of each experiment, and a note for each experiment that holds others. ``search``:
+    None, the newest (an experiment searched again holds both: a user's second `raysent tune` must not mix into the
+    first one's table or comparison); ``all``, every search; else that search id (an error lists the ones there
+    are)."""
+    if search == "all":
+        return runs, []
+    by_exp: dict[str, set[str]] = {}
+    for r in runs:
+        by_exp.setdefault(r.experiment, set()).add(r.search)
+    if search is not None:
+        kept = [r for r in runs if r.search == search]
+        if not kept:
+            have = "; ".join(f"{e}: {', '.join(sorted(s))}" for e, s in sorted(by_exp.items()))
+            raise RaysentError(f"{what}: no runs of search {search!r}; the searches there are {have} (or --search "
+                               "all)")
+        return kept, []
+    notes = [f"{e}: the newest of its {len(s)} searches, {max(s)} (the others: {', '.join(sorted(s)[:-1])}; "
+             "--search ID picks one, --search all takes every one)" for e, s in sorted(by_exp.items()) if len(s) > 1]
+    return latest_search(runs), notes
 
 
 def latest_search(runs: list[Run]) -> list[Run]:

@@ -459,7 +459,7 @@ def _add_published(rows: list[Row], which: str, path, columns, aggregation, corr
 
 
 def output_stem(results_dir: str | Path, experiments: list[str], phase: str, aggregation: str, correlation: str,
-                group_by: list[str] | None, published: str | None) -> Path:
+                group_by: list[str] | None, published: str | None, search: str | None = None) -> Path:
     """results/<experiment>/table (defaults) or table-<what differs> (so variants do not overwrite it)."""
     parts = []
     if phase != "final":
@@ -472,6 +472,8 @@ def output_stem(results_dir: str | Path, experiments: list[str], phase: str, agg
         parts.append("by-" + "-".join(group_by))
     if published:
         parts.append("published" if published == "match" else "published-" + published.replace(",", "-"))
+    if search:
+        parts.append(f"search-{search}")
     name = "table" + ("-" + "-".join(parts) if parts else "")
     root = Path(results_dir)
     if len(experiments) == 1:
