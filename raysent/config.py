@@ -311,7 +311,16 @@ class SearchConfig(Strict):
     pruner: PrunerConfig | None = Field(None, description="wilcoxon (or {type: wilcoxon, p_threshold, "
                                         "n_startup_steps}): stop configurations by Optuna's WilcoxonPruner over their "
                                         "per-seed dev scores; needs search.seeds >= 2, not with search.scheduler")
-    max_concurrent_trials: int = Field(1, gt=0)
+    max_concurrent_trials: int | Literal["auto"] = Field(
+        "auto", description="trials at once; auto (the default): as many as the cluster's GPUs (CPUs, for CPU trials) "
+        "hold, counting the nodes its autoscaler can start (raysent.train.resources); a number caps it")
+
+    @field_validator("max_concurrent_trials")
+    @classmethod
+    def _positive_concurrency(cls, v):
+        if v != "auto" and v < 1:
+            raise ValueError(f"got {v}: at least 1 trial, or auto")
+        return v
     warm_start: Literal["paper", "none"] = Field(
         "paper", description="paper: the experiment's own values of the searched entries (its paper defaults) are "
         "the first configuration tried (Optuna's enqueue_trial; a grid gets them as its first point), and the "

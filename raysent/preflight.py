@@ -69,11 +69,12 @@ def connected_ray() -> ModuleType | None:
 
 
 def available_resources() -> tuple[dict[str, float], str]:
-    """CPUs and GPUs of the Ray this process is connected to, else of this machine; and where they were read."""
-    from raysent.train.resources import connected_cluster, this_machine
+    """CPUs and GPUs of the Ray this process is connected to (with the nodes its autoscaler can start), else of this
+    machine; and where they were read."""
+    from raysent.train.resources import cluster_capacity, this_machine
 
-    cluster = connected_cluster()
-    return (cluster, "the Ray cluster") if cluster is not None else (this_machine(), "this machine")
+    found = cluster_capacity()
+    return found if found is not None else (this_machine(), "this machine")
 
 
 def check_resources(cfg: ExperimentConfig, one_run: bool = False) -> dict[str, Any]:

@@ -53,6 +53,12 @@ def stdout_for(fmt: str):
     return contextlib.redirect_stdout(sys.stderr) if fmt == "json" else contextlib.nullcontext()
 
 
+def is_connected() -> bool:
+    """Whether this process is connected to a Ray (one that never imported ray is not)."""
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized()
+
+
 def disconnect_ray() -> None:
     """Leave Ray before the summary is printed: Ray holds back worker log lines that repeat across
     processes (its log deduplication) and prints what it still holds when the driver disconnects, which

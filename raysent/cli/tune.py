@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from typing import TYPE_CHECKING
 
-from raysent.cli.common import EPILOG, disconnect_ray, parse_set, stdout_for, yaml_dump
+from raysent.cli.common import EPILOG, disconnect_ray, is_connected, parse_set, stdout_for, yaml_dump
 from raysent.config import no_search_part, with_overrides
 from raysent.errors import RaysentError
 
@@ -58,11 +59,20 @@ def run(args) -> int:
     if args.address:
         cfg = with_overrides(cfg, {"resources.address": args.address})
     if args.dry_run:
-        from raysent.preflight import preflight
+        from raysent.preflight import check_address, preflight
         from raysent.tune.cost import rough_estimate
         from raysent.tune.driver import experiment_dir
         from raysent.tune.plan import dry_run
 
+        joined = False
+        if (cfg.resources.address or os.environ.get("RAY_ADDRESS")) and not is_connected():
+            # a cluster named by address is joined (nothing is started on it) to read what it has and what its
+            # autoscaler can add: how many trials run at once, and on what; left again below
+            from raysent.train.ray_train import init_ray
+
+            check_address(cfg)  # a wrong address: one line in seconds, not ray.init's wait
+            init_ray(cfg, log_to_driver=False)
+            joined = True
         p = {**dry_run(cfg, experiment_dir(cfg), final_only=args.final_only).to_dict(),
              "estimate": rough_estimate(cfg, searched=not args.final_only and cfg.search is not None)}
         try:  # the same checks as a real run makes before its first trial
@@ -72,6 +82,8 @@ def run(args) -> int:
             raise  # exit 2, after the plan
         finally:
             print(json.dumps(p, indent=2, default=str) if args.format == "json" else yaml_dump(p))
+            if joined:
+                disconnect_ray()
         return 0
     from raysent.api import tune_search
     from raysent.tune.publish import PublishError

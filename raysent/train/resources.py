@@ -4,12 +4,21 @@ Resources are claimed, never borrowed (DESIGN.md, "Conventions"): a trial trains
 no other.
 
 ``resources.gpus_per_worker: auto``
-    The default: 1 when the Ray cluster has GPUs (``ray.cluster_resources()``), else 0. The driver resolves it
+    The default: 1 when the Ray cluster has GPUs or can start nodes that have them, else 0. The driver resolves it
     once, when it has joined or started Ray (:func:`resolve`), logs the line :meth:`Placement.describe` gives,
     and hands the trials the number (their configs, and so their run records and ``result.json``, hold it). A
     fraction shares a GPU: 0.25 runs four trials on each GPU (Tune places them by the ``GPU`` resource they ask
-    for, :func:`tune_trial_resources`). An autoscaling cluster that starts without GPU nodes resolves ``auto``
-    to 0: give the number (``gpus_per_worker: 1``) there.
+    for, :func:`tune_trial_resources`).
+``search.max_concurrent_trials: auto``
+    The default: as many trials as the cluster holds (its GPUs, or CPUs for CPU trials, over what one trial asks
+    for), the nodes its autoscaler can start included; a number caps it (:func:`concurrency`).
+What an autoscaling cluster can start (:func:`cluster_capacity`)
+    ``clusters/gpu.yaml`` starts with a CPU head alone and adds GPU nodes when trials ask for GPUs, so the GPUs
+    alive when a search starts are none. Counted, in order: the cluster config Ray's autoscaler reports to the GCS
+    (``ray._private.state.state.get_max_resources_from_cluster_config()``, what Ray Train V2 checks a worker group
+    against: the v2 autoscaler and KubeRay report it); else the autoscaler's own config file (``available_node_types``
+    and ``max_workers``): ``RAYSENT_AUTOSCALING_CONFIG``, or the ``--autoscaling-config`` of the cluster's autoscaler
+    process on this machine (the head: ``ray up`` runs it on ``~/ray_bootstrap_config.yaml``); else what is alive.
 A trial or worker that asked for no GPU sees none
     Since Ray 2.5x a task or actor that asks for no GPU is no longer hidden from the GPUs (ray-project/ray#54868;
     ``RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=1`` restores the hiding). So a trial that asked for none would find every
@@ -41,6 +50,72 @@ VISIBLE = "CUDA_VISIBLE_DEVICES"
 # set in the environment of a Ray that raysent starts (raysent.train.ray_train.LOCAL_RAY_ENV)
 HIDE_ON_ZERO = {"RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "1"}
 EPS = 1e-9
+
+
+AUTOSCALING_CONFIG_VAR = "RAYSENT_AUTOSCALING_CONFIG"
+
+
+def capacity_of_config(config: dict[str, Any]) -> dict[str, float]:
+    """CPUs and GPUs an autoscaler config (``ray up``'s YAML) can run at most: the head's once, each worker type's
+    times its ``max_workers``, the whole within the cluster's ``max_workers`` worker nodes (counted for each resource
+    with the nodes that have most of it)."""
+    types = config.get("available_node_types") or {}
+    head = config.get("head_node_type")
+    cap = config.get("max_workers")
+    out: dict[str, float] = {}
+    for key in ("CPU", "GPU"):
+        total = float((types.get(head, {}).get("resources") or {}).get(key, 0)) if head in types else 0.0
+        nodes = sorted(((float((t.get("resources") or {}).get(key, 0)), int(t.get("max_workers", 0) or 0))
+                        for name, t in types.items() if name != head), reverse=True)
+        left = int(cap) if cap is not None else sum(n for _, n in nodes)
+        for per, n in nodes:
+            take = min(n, left)
+            total += per * take
+            left -= take
+        out[key] = total
+    return out
+
+
+def autoscaler_config_path(gcs_address: str | None) -> str | None:
+    """The autoscaler config of the cluster at ``gcs_address``: ``RAYSENT_AUTOSCALING_CONFIG``, else the
+    ``--autoscaling-config`` of that cluster's autoscaler (Ray's monitor process) when it runs on this machine."""
+    if os.environ.get(AUTOSCALING_CONFIG_VAR):
+        return os.environ[AUTOSCALING_CONFIG_VAR]
+    import psutil
+
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = proc.info.get("cmdline") or []
+        if not any(part.endswith("monitor.py") for part in cmd):
+            continue
+        if gcs_address and not any(part == f"--gcs-address={gcs_address}" for part in cmd):
+            continue
+        for i, part in enumerate(cmd):
+            if part.startswith("--autoscaling-config="):
+                return os.path.expanduser(part.split("=", 1)[1])
+            if part == "--autoscaling-config" and i + 1 < len(cmd):
+                return os.path.expanduser(cmd[i + 1])
+    return None
+
+
+def autoscaler_capacity(gcs_address: str | None) -> tuple[dict[str, float], str] | None:
+    """CPUs and GPUs the connected cluster's autoscaler can start, and where that was read (see the module)."""
+    import ray
+
+    try:
+        reported = ray._private.state.state.get_max_resources_from_cluster_config()
+    except Exception:  # an older or a client-mode Ray: no such state
+        reported = None
+    if reported:
+        return ({"CPU": float(reported.get("CPU", 0)), "GPU": float(reported.get("GPU", 0))},
+                "the cluster config its autoscaler reports")
+    path = autoscaler_config_path(gcs_address)
+    if path and os.path.isfile(path):
+        import yaml
+
+        with open(path, encoding="utf-8") as f:
+            config = yaml.safe_load(f) or {}
+        return capacity_of_config(config), f"node types of {path}"
+    return None
 
 
 def auto_gpus(cluster_gpus: float) -> float:
@@ -105,14 +180,15 @@ class Placement:
     def gpus(self) -> str:
         """``resources.gpus_per_worker`` as the run uses it, and why when it was ``auto``."""
         if self.gpus_per_worker is None:
-            return "auto: 1 if the Ray cluster has GPUs when the run joins it, else 0"
+            return "auto: 1 if the Ray cluster has GPUs, or its autoscaler can start nodes with GPUs, else 0"
         if not self.auto or self.cluster is None:
             return f"{self.gpus_per_worker:g}"
         have = self.cluster.get("GPU", 0.0)
         if have:
             return f"{self.gpus_per_worker:g} (auto: {self.where} has {have:g} GPU(s))"
-        grows = ("; a cluster that adds GPU nodes only when trials ask for them needs the number: "
-                 "resources.gpus_per_worker: 1") if self.where == "the Ray cluster" else ""
+        grows = ("; if it adds GPU nodes that its autoscaler does not declare, give the number: "
+                 "resources.gpus_per_worker: 1 (or RAYSENT_AUTOSCALING_CONFIG=its YAML)"
+                 ) if self.where.startswith("the Ray cluster") else ""
         return f"{self.gpus_per_worker:g} (auto: {self.where} has no GPU{grows})"
 
     def describe(self) -> str:
@@ -145,15 +221,17 @@ def concurrency(cfg: ExperimentConfig, cluster: dict[str, float], gpus: float,
     ``trials``, and how many trials the cluster's CPUs and GPUs hold at once (each needs its whole share on one
     cluster; nodes may hold fewer)."""
     need = run_resources(cfg, gpus)
-    limits = [(cfg.search.max_concurrent_trials if cfg.search else 1, "search.max_concurrent_trials")]
+    asked = cfg.search.max_concurrent_trials if cfg.search else 1
+    limits: list[tuple[int, str]] = [] if asked == "auto" else [(int(asked), "search.max_concurrent_trials")]
     if trials is not None:
         limits.append((trials, "trials in the phase"))
     for key in ("CPU", "GPU"):
         if need[key] > 0:
             fits = math.floor(cluster.get(key, 0.0) / need[key] + EPS)
-            limits.append((fits, f"{cluster.get(key, 0.0):g} {key}s / {need[key]:g} per trial"))
+            limits.append((fits, f"{'auto: ' if asked == 'auto' else ''}{cluster.get(key, 0.0):g} {key}s / "
+                                 f"{need[key]:g} per trial"))
     n, why = min(limits, key=lambda x: x[0])
-    return n, why
+    return max(n, 1), why
 
 
 def placement(cfg: ExperimentConfig, cluster: dict[str, float] | None, where: str,
@@ -168,14 +246,24 @@ def placement(cfg: ExperimentConfig, cluster: dict[str, float] | None, where: st
     return Placement(gpus, auto, cluster, where, run_resources(cfg, gpus), trial_device(cfg, gpus), at_once, limit)
 
 
-def connected_cluster() -> dict[str, float] | None:
-    """CPU and GPU of the Ray cluster this process is connected to; None when it is not connected (a process
-    that never imported ray is not: nothing here imports it)."""
+def cluster_capacity() -> tuple[dict[str, float], str] | None:
+    """(CPU and GPU, where it was read) of the Ray cluster this process is connected to: what is alive, or, when its
+    autoscaler can start more, that (each resource the larger); None when not connected."""
     ray = sys.modules.get("ray")
     if ray is None or not ray.is_initialized():
         return None
     res = ray.cluster_resources()
-    return {"CPU": float(res.get("CPU", 0)), "GPU": float(res.get("GPU", 0))}
+    now = {"CPU": float(res.get("CPU", 0)), "GPU": float(res.get("GPU", 0))}
+    try:
+        gcs = ray.get_runtime_context().gcs_address
+    except Exception:
+        gcs = None
+    grows = autoscaler_capacity(gcs)
+    if grows is None or all(grows[0][k] <= now[k] for k in now):
+        return now, "the Ray cluster"
+    return ({k: max(now[k], grows[0][k]) for k in now},
+            f"the Ray cluster with the nodes its autoscaler can add ({grows[1]}; alive now: {now['CPU']:g} CPUs, "
+            f"{now['GPU']:g} GPUs)")
 
 
 def this_machine() -> dict[str, float]:
@@ -189,13 +277,23 @@ def resolve(cfg: ExperimentConfig, cluster: dict[str, float] | None = None,
     """``cfg`` with ``resources.gpus_per_worker`` a number, and its :class:`Placement`. ``cluster``: the CPUs
     and GPUs to resolve against (default: the Ray this process is connected to, else this machine)."""
     if cluster is None:
-        cluster = connected_cluster()
-        if cluster is None:
-            cluster, where = this_machine(), "this machine"
+        found = cluster_capacity()
+        cluster, where = found if found is not None else (this_machine(), "this machine")
     place = placement(cfg, cluster, where, trials)
     if cfg.resources.gpus_per_worker == "auto":
         cfg = with_overrides(cfg, {"resources.gpus_per_worker": place.gpus_per_worker})
+    if cfg.search is not None and cfg.search.max_concurrent_trials == "auto":
+        cfg = with_overrides(cfg, {"search.max_concurrent_trials": concurrency(cfg, cluster, concrete(cfg))[0]})
     return cfg, place
+
+
+def trials_at_once(cfg: ExperimentConfig) -> int:
+    """``search.max_concurrent_trials`` of a config whose ``auto`` was resolved (:func:`resolve`); 1 without a
+    search."""
+    value = cfg.search.max_concurrent_trials if cfg.search else 1
+    if value == "auto":
+        raise RuntimeError("search.max_concurrent_trials is still 'auto': resolve(cfg, ...) first")
+    return int(value)
 
 
 def resolved(cfg: ExperimentConfig) -> ExperimentConfig:

@@ -85,7 +85,7 @@ def estimate_seconds(cfg: ExperimentConfig, arm: str, est: Estimate) -> dict:
         if cfg.search is not None and cfg.search.early_stopping is None:
             reused = len(set(cfg.seeds) & set(plan.seeds))
     trained = final - reused
-    conc = max(1, cfg.search.max_concurrent_trials if cfg.search else 1)
+    conc = planned_concurrency(cfg)
     run_seconds = (search * train + trained * train + final * est.test_eval_seconds
                    + reused * est.run_overhead_seconds)
     # trials run in rounds of `conc` (a last, partial round leaves workers idle); a trial that trains its
@@ -110,6 +110,18 @@ def planned_gpus(cfg: ExperimentConfig) -> float:
     from raysent.train.resources import auto_gpus
 
     return auto_gpus(available_resources()[0]["GPU"])
+
+
+def planned_concurrency(cfg: ExperimentConfig) -> int:
+    """``search.max_concurrent_trials``, ``auto`` as it resolves on the Ray this process is connected to (the nodes
+    its autoscaler can start included), else on this machine (raysent.train.resources.concurrency)."""
+    asked = cfg.search.max_concurrent_trials if cfg.search else 1
+    if asked != "auto":
+        return max(1, int(asked))
+    from raysent.preflight import available_resources
+    from raysent.train.resources import concurrency
+
+    return concurrency(cfg, available_resources()[0], planned_gpus(cfg))[0]
 
 
 def rough_estimate(cfg: ExperimentConfig, searched: bool) -> dict[str, Any]:

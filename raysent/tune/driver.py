@@ -60,10 +60,10 @@ from raysent.tracking import (
 )
 from raysent.train.ray_train import init_ray, worker_env
 from raysent.train.records import check_records
-from raysent.train.resources import Placement, resolve, tune_trial_resources
+from raysent.train.resources import Placement, resolve, trials_at_once, tune_trial_resources
 from raysent.tune import mlflow_server
 from raysent.tune.best import arm_outcome, by_configuration, log_configurations, pick_best, records, write_best_yaml
-from raysent.tune.plan import SearchPlan
+from raysent.tune.plan import SearchPlan, sampler_settings
 from raysent.tune.publish import PublishError, check_publishing, publish, search_budget_of
 from raysent.tune.records_transport import check_complete, restore_records, results_of, write_sent_records
 from raysent.tune.searchers import searcher_of
@@ -71,7 +71,15 @@ from raysent.tune.seeds import run_seeds
 from raysent.tune.space import config_id, warm_source
 from raysent.tune.state import ArmOutcome, Best, Comparison, FailedTrial, SearchState, Summary
 from raysent.tune.storage import experiment_dir, tune_storage, with_absolute_storage
-from raysent.tune.trial import MlflowTarget, TrialContext, TrialNamer, run_trial, this_node, trial_dirname
+from raysent.tune.trial import (
+    GATE_VAR,
+    MlflowTarget,
+    TrialContext,
+    TrialNamer,
+    run_trial,
+    this_node,
+    trial_dirname,
+)
 
 # Lazy imports: optuna, ray, raysent's heavier modules (heavy, and only the functions that need them import them).
 
@@ -136,7 +144,8 @@ def _trainable(cfg: ExperimentConfig, ctx: TrialContext, together: bool = False)
 def _context(cfg: ExperimentConfig, exp: Path, state: SearchState, phase: str, mlflow: MlflowTarget | None,
              **extra: Any) -> TrialContext:
     return TrialContext(config=cfg.to_dict(), source=state.source, phase=phase, run=state.run, exp_dir=str(exp),
-                        metric=tune_metric(cfg), mlflow=mlflow, env=worker_env(), driver_node=this_node(), **extra)
+                        metric=tune_metric(cfg), mlflow=mlflow, env=worker_env(), driver_node=this_node(),
+                        gate=os.environ.get(GATE_VAR) or None, **extra)
 
 
 # --------------------------------------------------------------------------- the phases
@@ -152,6 +161,9 @@ def _announce_search(cfg: ExperimentConfig, plan: SearchPlan, run: str, metric: 
     stopper = ("the scheduler sees their mean" if s.scheduler is not None else
                "Optuna's WilcoxonPruner tests their per-seed scores")
     per = 1 if plan.together else s.seeds
+    sampler = sampler_settings(cfg)
+    if sampler is not None:
+        say("search sampler: " + ", ".join(f"{k}={v}" for k, v in sampler.items()))
     say(f"search {run}: {s.algorithm}, {plan.trials} trials "
         + (f"(each trains {s.seeds} seeds in turns; {stopper})" if per == 1 < s.seeds
            else f"({s.seeds} seed(s) each)") + f", metric {metric} ({s.mode})")
@@ -188,7 +200,7 @@ def run_search(cfg: ExperimentConfig, plan: SearchPlan, exp: Path, state: Search
                       # metric and mode live in the searcher and the scheduler (a Repeater does not pass
                       # TuneConfig's down to the searcher it wraps)
                       tune_config=TuneConfig(search_alg=searcher, scheduler=scheduler,
-                                             num_samples=n, max_concurrent_trials=s.max_concurrent_trials,
+                                             num_samples=n, max_concurrent_trials=trials_at_once(cfg),
                                              reuse_actors=reuse_trial_processes(cfg),
                                              trial_name_creator=TrialNamer(cfg, "search"),
                                              trial_dirname_creator=trial_dirname),
@@ -242,7 +254,7 @@ def run_final(cfg: ExperimentConfig, exp: Path, state: SearchState, arms: dict[s
     # a trial per (arm, seed); with one arm the space is the seeds alone, as before there were two arms
     param_space = {**({"arm": tune.grid_search(list(arms))} if len(arms) > 1 else {}),
                    "seed": tune.grid_search(seeds)}
-    concurrent = cfg.search.max_concurrent_trials if cfg.search else 1
+    concurrent = trials_at_once(cfg)
     if resume and Tuner.can_restore(f"{storage.rstrip('/')}/{name}"):
         tuner = Tuner.restore(f"{storage.rstrip('/')}/{name}", trainable=trainable, resume_errored=False,
                               param_space=param_space)
@@ -339,7 +351,8 @@ def _start(cfg: ExperimentConfig, exp: Path, uri: str, exp_id: str | None, final
            source: str, place: Placement | None = None) -> SearchState:
     phase = "final" if final_only else "search"
     state = SearchState(run=datetime.now().strftime("%Y%m%d-%H%M%S"), phase=phase, config=cfg.to_dict(),
-                        source=source, resources=place.record() if place is not None else None)
+                        source=source, resources=place.record() if place is not None else None,
+                        sampler=sampler_settings(cfg) if cfg.search is not None and not final_only else None)
     if exp_id is not None:
         tags = {"method": cfg.method, "model": cfg.model.name, "phase": phase}
         if place is not None and place.gpus_per_worker is not None:
@@ -457,7 +470,7 @@ def _finish(cfg: ExperimentConfig, exp: Path, state: SearchState, mlflow: Mlflow
                       mlflow=redact(mlflow.uri) if mlflow else None,
                       mlflow_runs_url=runs_view_url(mlflow.experiment_id) if mlflow else None, wall_seconds=wall,
                       budget=search_budget_of(cfg, exp, state), published=state.published,
-                      resources=state.resources)
+                      resources=state.resources, sampler=state.sampler)
     summary.save(exp)
     if mlflow and state.parent_run_id and summary.budget is not None:  # also a search without its final phase
         from raysent.report.budget import budget_markdown, budget_metrics

@@ -78,6 +78,29 @@ class _Plan(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
 
+_SAMPLERS = {"optuna-tpe": "TPESampler", "optuna-gp": "GPSampler", "random": "RandomSampler"}
+
+
+def sampler_settings(cfg: ExperimentConfig) -> dict[str, Any] | None:
+    """The Optuna sampler of ``search.algorithm`` and every option raysent gives it (None: a grid, Tune's own):
+    recorded on the search (state.json, summary.json, the dry run). Options whose default changed between Optuna 4
+    and 5 are given, so a file searches alike under both: TPE's ``multivariate`` and ``constant_liar`` (both off in
+    4.x, on in 5.0; constant_liar lets trials that run at once see each other as running, so two of them are not the
+    same guess). Optuna 5's GPSampler accounts for running trials and 4.x's does not, with no option for it: the one
+    difference left, said in docs/search.md."""
+    s = cfg.search
+    assert s is not None
+    if s.algorithm not in _SAMPLERS:
+        return None
+    out: dict[str, Any] = {"sampler": _SAMPLERS[s.algorithm], "seed": s.seed}
+    if s.algorithm == "optuna-tpe":
+        out.update(multivariate=True, constant_liar=True)
+    if s.algorithm in ("optuna-tpe", "optuna-gp") and s.n_startup_trials is not None:  # unset: Optuna's 10
+        out["n_startup_trials"] = s.n_startup_trials
+    return out
+
+
+
 class SearchPart(_Plan):
     algorithm: str
     configurations: int
@@ -91,7 +114,8 @@ class SearchPart(_Plan):
     pruner: dict[str, Any] | None = None
     n_startup_trials: int | str | None = None
     note: str | None = None
-    max_concurrent_trials: int
+    max_concurrent_trials: int | str
+    sampler: dict[str, Any] | None = None  # Optuna's sampler and the options raysent gives it (None: a grid)
 
 
 class FinalPart(_Plan):
@@ -131,7 +155,7 @@ def resources_part(cfg: ExperimentConfig, search_trials: int | None) -> dict[str
     remote = bool(r.address or os.environ.get("RAY_ADDRESS"))
     cluster: dict[str, float] | None
     cluster, where = available_resources()
-    if remote and where != "the Ray cluster":
+    if remote and not where.startswith("the Ray cluster"):
         cluster, where = None, "the Ray cluster"
     final = placement(cfg, cluster, where, trials=len(cfg.seeds))
     gpus: Any = final.gpus()
@@ -167,7 +191,8 @@ def dry_run(cfg: ExperimentConfig, exp: Path, final_only: bool = False) -> DryRu
             pruner=s.pruner.model_dump() if s.pruner else None,
             n_startup_trials=(s.n_startup_trials if s.n_startup_trials is not None else "Optuna's default (10)")
             if s.algorithm in ("optuna-tpe", "optuna-gp") else None,
-            note=p.startup_note or None, max_concurrent_trials=s.max_concurrent_trials)
+            note=p.startup_note or None, max_concurrent_trials=s.max_concurrent_trials,
+            sampler=sampler_settings(cfg))
     return DryRun(
         experiment=exp.name, method=cfg.method, model=cfg.model.name, train_data=cfg.data.train, search=search,
         final=FinalPart(seeds=list(cfg.seeds), runs=len(cfg.seeds), evaluation=list(cfg.eval.tasks)),

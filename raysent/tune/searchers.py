@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from raysent.config import ExperimentConfig
 from raysent.errors import RaysentError
-from raysent.tune.plan import SearchPlan
+from raysent.tune.plan import SearchPlan, sampler_settings
 from raysent.tune.space import encode, suggest
 
 if TYPE_CHECKING:
@@ -37,25 +37,20 @@ class DefineByRun:
 
 
 def sampler_of(cfg: ExperimentConfig) -> optuna.samplers.BaseSampler:
-    """The Optuna sampler of ``search.algorithm`` (not grid), seeded by ``search.seed``: optuna-tpe, Optuna's
-    multivariate TPESampler (what ``optuna`` always was: Optuna 5's default for one objective); optuna-gp, its
-    GPSampler; random, its RandomSampler. ``search.n_startup_trials`` sets the random configurations TPE and GP
-    draw before their model is used (Optuna's default otherwise, 10)."""
+    """The Optuna sampler of ``search.algorithm`` (not grid) with :func:`sampler_settings`' options: optuna-tpe,
+    Optuna's multivariate TPESampler with the constant liar; optuna-gp, its GPSampler; random, its RandomSampler.
+    ``search.n_startup_trials`` sets the random configurations TPE and GP draw before their model is used (Optuna's
+    default otherwise, 10)."""
     import optuna
 
-    s = cfg.search
-    assert s is not None
-    # unset: the sampler's own default
-    startup: dict[str, Any] = {} if s.n_startup_trials is None else {"n_startup_trials": s.n_startup_trials}
-    if s.algorithm == "optuna-tpe":
-        return optuna.samplers.TPESampler(seed=s.seed, multivariate=True, **startup)
-    if s.algorithm == "optuna-gp":
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # experimental in some Optuna versions
-            return optuna.samplers.GPSampler(seed=s.seed, **startup)
-    if s.algorithm == "random":
-        return optuna.samplers.RandomSampler(seed=s.seed)
-    raise RaysentError(f"search.algorithm {s.algorithm!r} has no Optuna sampler (a grid is Tune's grid_search)")
+    settings = sampler_settings(cfg)
+    if settings is None:
+        raise RaysentError(f"search.algorithm {cfg.search.algorithm if cfg.search else None!r} has no Optuna sampler "
+                           "(a grid is Tune's grid_search)")
+    options = {k: v for k, v in settings.items() if k != "sampler"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # GPSampler and constant_liar are experimental in some Optuna versions
+        return getattr(optuna.samplers, settings["sampler"])(**options)
 
 
 def searcher_of(cfg: ExperimentConfig, plan: SearchPlan, exp: Path, run: str, metric: str

@@ -52,6 +52,7 @@ from raysent.tune.trial import (
     search_seeds,
     training_fields,
     trial_identity,
+    wait_at_gate,
 )
 
 # Lazy imports: ray (heavy, and only the functions that need them import them).
@@ -200,6 +201,7 @@ def run_seeds(config: dict, ctx: TrialContext) -> None:
     from ray import tune
 
     prepare_process(ctx)
+    wait_at_gate(ctx.gate)
     records = run_seed_group(config, ctx, tune.get_context().get_trial_id())
     tune.report({**seed_mean([reported(r, ctx.metric) for r in records]), "seeds": len(records), "finished": True,
                  RECORD_KEY: json.dumps([r.to_json() for r in records], default=str)})

@@ -169,6 +169,8 @@ class SearchState(_Model):
     # what its trials were given (raysent.train.resources.Placement.record): gpus_per_worker as resolved, the device
     # each trial trains on, trials at once; of the search's latest start (a --resume may run on another cluster)
     resources: dict[str, Any] | None = None
+    # the search's Optuna sampler and every option raysent gave it (raysent.tune.searchers.sampler_settings)
+    sampler: dict[str, Any] | None = None
 
     @classmethod
     def load(cls, exp: Path) -> SearchState | None:
@@ -209,6 +211,7 @@ class Summary(_Model):
     published: Published | None = None
     publish_error: str | None = None
     resources: dict[str, Any] | None = None  # what the trials were given (SearchState.resources)
+    sampler: dict[str, Any] | None = None  # SearchState.sampler
 
     def save(self, exp: Path) -> None:
         write_json_atomic(exp / SUMMARY_FILE, portable(self.model_dump(mode="json"), exp))

@@ -71,6 +71,9 @@ class TrialContext(BaseModel):
     # Tune config names its arm (``arm``; absent: "")
     arms: dict[str, dict[str, Any]] = {}
     driver_node: str | None = None  # the Ray node of the search's driver (its disk holds results/)
+    # RAYSENT_TRIAL_GATE of the driver (tests): a folder in which each trial signals its start and waits for its turn
+    # (:func:`wait_at_gate`), so that a test interrupts a search at a point the code signals, not after a delay
+    gate: str | None = None
 
     @property
     def experiment(self) -> str:
@@ -284,6 +287,34 @@ def prepare_process(ctx: TrialContext) -> None:
             os.environ[key] = value
 
 
+GATE_VAR = "RAYSENT_TRIAL_GATE"
+
+
+def wait_at_gate(gate: str | None, poll: float = 0.1) -> None:
+    """A trial's start, at a gate (``TrialContext.gate``): it takes the next number (``<gate>/arrived-<k>``, created
+    exclusively: the k-th trial to start) and waits while k is above the number in ``<gate>/allow`` (0 when that file
+    is missing). A test that allows 1 and sees ``arrived-2`` knows the first trial ended and the second has not
+    trained a step: the point to press Ctrl-C, on a fast machine or a slow one. No gate: nothing happens."""
+    if not gate:
+        return
+    folder = Path(gate)
+    k = 1
+    while True:
+        try:
+            (folder / f"arrived-{k}").touch(exist_ok=False)
+            break
+        except FileExistsError:
+            k += 1
+    while True:
+        try:
+            allowed = int((folder / "allow").read_text().strip() or 0)
+        except (FileNotFoundError, ValueError):
+            allowed = 0
+        if k <= allowed:
+            return
+        time.sleep(poll)
+
+
 def run_trial(config: dict, ctx: TrialContext) -> None:
     """One (configuration, seed): train, evaluate (final phase: test sets), record, report to Tune (the record
     travels in the last result: on a cluster this trial may run on another node, whose disk the driver cannot
@@ -291,6 +322,7 @@ def run_trial(config: dict, ctx: TrialContext) -> None:
     from ray import tune
 
     prepare_process(ctx)
+    wait_at_gate(ctx.gate)
     trial_id = tune.get_context().get_trial_id()
     hp, seed, _, cfg = resolve_trial(config, ctx, trial_id)
     identity = trial_identity(ctx, hp, seed, trial_id)

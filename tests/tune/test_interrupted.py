@@ -77,3 +77,23 @@ def test_failed_and_scheduler_stopped_trials_have_ended(cfg):
         message(Grid([*done, Result("t4", "cut")]), 5, cfg)
     assert "after 1 of 5 trial(s) finished (1 failed, 1 stopped by the scheduler, 0 were running)" in \
         message(Grid(done), 5, cfg)  # Ctrl-C before Tune created the last trials
+
+
+def test_the_trial_gate_numbers_trials_as_they_start_and_holds_those_past_its_allowance(tmp_path):
+    """The point a test interrupts a search at (tests/tune/test_tune.py, interrupt_and_resume): the first trial
+    passes, the second signals its start and waits until it is allowed."""
+    import threading
+
+    from raysent.tune.trial import wait_at_gate
+
+    (tmp_path / "allow").write_text("1")
+    wait_at_gate(str(tmp_path), poll=0.01)  # the first: through at once
+    second = threading.Thread(target=wait_at_gate, args=(str(tmp_path), 0.01), daemon=True)
+    second.start()
+    second.join(0.5)
+    assert (tmp_path / "arrived-2").exists() and second.is_alive()  # arrived, and held
+    (tmp_path / "allow").write_text("2")
+    second.join(5)
+    assert not second.is_alive()
+    wait_at_gate(None)  # no gate: nothing to wait for
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["allow", "arrived-1", "arrived-2"]

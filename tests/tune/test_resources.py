@@ -65,7 +65,8 @@ def test_auto_is_one_gpu_on_a_cluster_with_gpus_and_none_without_and_a_number_st
     assert resolved.resources.gpus_per_worker == 0.25 and not place.auto
     assert "auto: the Ray cluster has 8 GPU(s)" in resolve(cfg(), {"CPU": 16.0, "GPU": 8.0})[1].describe()
     # a cluster that has no GPU yet says what an autoscaling cluster needs
-    assert "needs the number: resources.gpus_per_worker: 1" in resolve(cfg(), {"CPU": 4.0, "GPU": 0.0})[1].gpus()
+    assert "give the number: resources.gpus_per_worker: 1 (or RAYSENT_AUTOSCALING_CONFIG=its YAML)" in \
+        resolve(cfg(), {"CPU": 4.0, "GPU": 0.0})[1].gpus()
     with pytest.raises(RuntimeError, match="still 'auto'"):
         tune_trial_resources(cfg())
 
@@ -92,6 +93,41 @@ def test_trials_at_once_are_what_the_gpus_cpus_and_max_concurrent_trials_allow()
     assert cpu.device == "the CPU in its own process (it asks for no GPU and sees none)" and cpu.at_once == 2
     unknown = placement(cfg(), None, "the Ray cluster")
     assert unknown.gpus_per_worker is None and unknown.at_once is None and "not known" in unknown.device
+
+
+def auto_cfg(**res):
+    raw = {**BASE, "search": {**BASE["search"], "max_concurrent_trials": "auto"}, "resources": res}
+    return parse_config(raw, source="<test>")
+
+
+def test_max_concurrent_trials_is_auto_by_default_and_resolves_to_what_the_cluster_holds():
+    assert parse_config({k: v for k, v in BASE.items() if k != "search"} | {"search": {
+        "space": BASE["search"]["space"]}}).search.max_concurrent_trials == "auto"
+    on_gpus, place = resolve(auto_cfg(), {"CPU": 232.0, "GPU": 24.0}, "the Ray cluster", trials=6)
+    assert on_gpus.search.max_concurrent_trials == 24 and place.at_once == 6  # Tune's cap; this phase has 6
+    assert place.limit == "trials in the phase"
+    assert resolve(auto_cfg(), {"CPU": 2.0, "GPU": 0.0}, "this machine")[0].search.max_concurrent_trials == 2
+    ray_train = resolve(auto_cfg(workers=2, cpus_per_worker=3, trial_cpus=0.5), {"CPU": 232.0, "GPU": 24.0})[0]
+    assert ray_train.search.max_concurrent_trials == 12  # 2 GPUs a trial
+    capped = resolve(cfg(), {"CPU": 232.0, "GPU": 24.0})[0]
+    assert capped.search.max_concurrent_trials == 8  # a number caps it
+    with pytest.raises(ConfigError, match="at least 1 trial, or auto"):
+        parse_config({**BASE, "search": {**BASE["search"], "max_concurrent_trials": 0}})
+
+
+def test_what_an_autoscaler_config_can_start_is_counted_within_its_max_workers(tmp_path, monkeypatch):
+    """clusters/gpu.yaml: a CPU head of 8, 0-8 nodes of 1 A10G (4 CPUs), 0-2 nodes of 8 A100s (96 CPUs), at most
+    10 worker nodes: 24 GPUs, 232 CPUs."""
+    import yaml
+
+    config = yaml.safe_load((Path(__file__).parents[2] / "clusters" / "gpu.yaml").read_text())
+    assert resources.capacity_of_config(config) == {"CPU": 232.0, "GPU": 24.0}
+    config["max_workers"] = 3  # 3 nodes: the two 8-GPU ones first, then one A10G for GPUs; for CPUs, the 96s
+    assert resources.capacity_of_config(config) == {"CPU": 8 + 96 + 96 + 4.0, "GPU": 17.0}
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(config))
+    monkeypatch.setenv(resources.AUTOSCALING_CONFIG_VAR, str(path))
+    assert resources.autoscaler_config_path("127.0.0.1:1") == str(path)
 
 
 def test_a_process_given_no_gpu_hides_every_gpu_and_one_given_a_gpu_keeps_it(monkeypatch):
@@ -121,7 +157,7 @@ def test_preflight_and_the_dry_run_say_where_each_trial_trains_and_how_many_run_
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     # not in a Ray that another test of this process left running
-    monkeypatch.setattr(resources, "connected_cluster", lambda: None)
+    monkeypatch.setattr(resources, "cluster_capacity", lambda: None)
     monkeypatch.setattr(preflight, "connected_ray", lambda: None)
     monkeypatch.setattr(resources, "this_machine", lambda: {"CPU": 16.0, "GPU": 1.0})  # a one-GPU machine
     c = cfg(gpus_per_worker=0.25)

@@ -90,6 +90,13 @@ def test_the_samplers_and_the_plan(tmp_path):
 
     tpe = sampler_of(cfg(algorithm="optuna", n_startup_trials=3, seed=4))
     assert isinstance(tpe, optuna.samplers.TPESampler) and tpe._n_startup_trials == 3 and tpe._multivariate is True
+    # Optuna 5's defaults, given explicitly: a file searches alike under Optuna 4 (both off there)
+    assert tpe._constant_liar is True
+    assert dry_run(cfg(algorithm="optuna", n_startup_trials=3, seed=4), tmp_path / "t").to_dict()["search"][
+        "sampler"] == {"sampler": "TPESampler", "seed": 4, "multivariate": True, "constant_liar": True,
+                       "n_startup_trials": 3}
+    assert dry_run(cfg(algorithm="random"), tmp_path / "r").to_dict()["search"]["sampler"] == {
+        "sampler": "RandomSampler", "seed": 0}
     gp = sampler_of(cfg(algorithm="optuna-gp", n_startup_trials=2))
     assert isinstance(gp, optuna.samplers.GPSampler) and gp._n_startup_trials == 2
     assert isinstance(sampler_of(cfg(algorithm="random")), optuna.samplers.RandomSampler)

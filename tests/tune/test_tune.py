@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from raysent.config import load_config
+from raysent.tune.trial import GATE_VAR
 
 from conftest import REPO, cli_in_process, json_summary_last
 from conftest import tiny_experiment as experiment
@@ -166,17 +167,24 @@ RESUME_SEARCH = """\
 
 def interrupt_and_resume(ray_cluster, path: str, runs: Path, expected: int,
                          trial_per_record: bool = False) -> tuple[dict, set[str]]:
-    """`raysent tune` Ctrl-C'd once its first trial is recorded, then `--resume`d; returns the summary and the
+    """`raysent tune` Ctrl-C'd once its first trial has ended, then `--resume`d; returns the summary and the
     names of the run records written before the resume.
+    The point is one the code signals, not a delay (on a fast machine every trial had ended 2 s after the first
+    record): the trials start at a gate (``RAYSENT_TRIAL_GATE``, :func:`raysent.tune.trial.wait_at_gate`) that lets
+    the first through; the second's arrival there (one trial at a time) says the first has ended and been taken
+    back by Tune, and the second has not trained. Then Ctrl-C.
     ``trial_per_record``: each trial is one run record (no scheduler, one seed each), so the line that says how
     many trials had finished must count the records."""
-    env = {**os.environ, "RAY_ADDRESS": ray_cluster}
+    gate = runs.parent.parent.parent / "gate"
+    gate.mkdir()
+    (gate / "allow").write_text("1")
+    env = {**os.environ, "RAY_ADDRESS": ray_cluster, GATE_VAR: str(gate)}
     cmd = [sys.executable, "-m", "raysent.cli", "tune", path, "--quiet"]
     proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300
-    while time.time() < deadline and proc.poll() is None and len(list(runs.glob("search-*.json"))) < 1:
-        time.sleep(0.5)
-    time.sleep(2)  # the trial that wrote the record returns to Tune (under load, Tune took >0.5 s to mark it done)
+    while time.time() < deadline and proc.poll() is None and not (gate / "arrived-2").exists():
+        time.sleep(0.2)
+    assert (gate / "arrived-2").exists(), "the second trial never started"
     proc.send_signal(signal.SIGINT)  # Ctrl-C: Tune saves the search's state and stops
     _, err = proc.communicate(timeout=180)
     recorded = {p.name for p in runs.glob("search-*.json")}
