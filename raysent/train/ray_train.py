@@ -52,8 +52,8 @@ from raysent.train.run import finish, stage_dirs, stderr, train_once, train_stag
 
 SUMMARY_FILE = "summary.json"
 # environment a worker needs to find data and models (absolute paths from the driver)
-FORWARDED_ENV = ("RAYSENT_DATA_DIR", "RAYSENT_MODEL_DIR", "RAYSENT_CACHE_DIR", "HF_HOME", "HF_HUB_OFFLINE",
-                 "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
+FORWARDED_ENV = ("RAYSENT_DATA_DIR", "RAYSENT_MODEL_DIR", "RAYSENT_CACHE_DIR", "HF_HOME", "HF_HUB_CACHE",
+                 "HF_DATASETS_CACHE", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
 
 
 # --------------------------------------------------------------------------- worker side
@@ -333,7 +333,7 @@ def worker_env() -> dict[str, str]:
     for key in FORWARDED_ENV:
         if key in os.environ:
             v = os.environ[key]
-            env[key] = str(Path(v).resolve()) if key.endswith(("_DIR", "_HOME")) else v
+            env[key] = str(Path(v).resolve()) if key.endswith(("_DIR", "_HOME", "_CACHE")) else v
     return env
 
 
