@@ -8,6 +8,7 @@ without one, :class:`Estimate`'s defaults give a rough figure.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -124,14 +125,128 @@ def planned_concurrency(cfg: ExperimentConfig) -> int:
     return concurrency(cfg, available_resources()[0], planned_gpus(cfg))[0]
 
 
+DEFAULT_MODEL = ("1 s per step at batch 64 × length 32 (a 2-core CPU's order), scaled by batch × length; a suite "
+                 "file's `estimate` calibrates it")
+
+
 def rough_estimate(cfg: ExperimentConfig, searched: bool) -> dict[str, Any]:
-    """Wall time by the default cost model (:class:`Estimate`): a rough figure, and it says so."""
+    """Wall time of a run or search: by the `raysent bench` figures of the device it will train on, where a record
+    of one is under ``<results>/bench`` (:func:`device_estimate`), else by the default cost model (a rough figure,
+    and it says so); with a note where the local training data is a stand-in smaller than the hub's."""
+    est, model = device_estimate(cfg)
     try:
-        e = estimate_seconds(cfg, "searched" if searched else "paper", Estimate())
+        e = estimate_seconds(cfg, "searched" if searched else "paper", est)
     except RaysentError as exc:
         return {"unknown": str(exc)}
-    return {"optimizer steps per run": e["steps_per_run"], "runs": e["search_runs"] + e["final_runs"],
-            "final runs that evaluate a search run": e["final_runs_reused"],
-            "wall minutes": round(e["seconds"] / 60, 1),
-            "model": "1 s per step at batch 64 × length 32 (CPU), scaled by batch × length; a suite file's "
-                     "`estimate` calibrates it"}
+    out: dict[str, Any] = {"optimizer steps per run": e["steps_per_run"], "runs": e["search_runs"] + e["final_runs"],
+                           "final runs that evaluate a search run": e["final_runs_reused"],
+                           "trials at once": planned_concurrency(cfg), "wall minutes": round(e["seconds"] / 60, 1),
+                           "model": model}
+    note = stand_in_note(cfg, est)
+    if note:
+        out["data"] = note
+    return out
+
+
+def stand_in_note(cfg: ExperimentConfig, est: Estimate) -> str | None:
+    """Where the run's training data is read from a local copy smaller than the set the papers train on (the
+    11,914-line head of wiki1m, not its 1M lines): both sizes, and the steps a run would take on the full set."""
+    from raysent.data.datasets import DATASETS, local_files, parse_spec
+
+    spec = cfg.data.train
+    if spec is None or cfg.train.max_steps or cfg.data.max_train_samples:
+        return None
+    name, splits = parse_spec(spec)
+    decl = DATASETS.get(name)
+    if decl is None or len(splits) != 1 or splits[0] not in decl.full_rows:
+        return None
+    files = local_files(decl, splits[0])
+    if not files or files[0].name == "wiki1m_for_simcse.txt":
+        return None
+    full = decl.full_rows[splits[0]]
+    local = len(load(spec))
+    steps = cfg.train.epochs * math.ceil(full / cfg.train.batch_size)
+    return (f"{spec}: the runs here read the local copy, {local:,} rows ({files[0].name}), a stand-in for the full "
+            f"set's {full:,}; with the full set (the hub's, or a complete local copy) a run is {steps:,} steps")
+
+
+def device_estimate(cfg: ExperimentConfig, results_dir: str | Path | None = None) -> tuple[Estimate, str]:
+    """The cost model of the device ``cfg`` trains on (cuda when its trials get a GPU, else the CPU): the newest
+    `raysent bench` record of such a device under ``<results>/bench`` that measured the method, its seconds per
+    step scaled to this run's encoder by the encoder's parameters outside the embeddings (a step's FLOPs are about
+    6N per token); and in words, which record and how. No record: the default model, saying so."""
+    device = "cuda" if planned_gpus(cfg) > 0 else "cpu"
+    root = Path(results_dir if results_dir is not None else cfg.tracking.results_dir) / "bench"
+    figure = newest_bench_figure(root, device, cfg.method)
+    if figure is None:
+        return Estimate(), f"no `raysent bench` record of a {device} device under {root}: {DEFAULT_MODEL}"
+    n_run = encoder_params(cfg.model.name)
+    scale = n_run / figure["params"] if n_run and figure["params"] else 1.0
+    seconds = scale / figure["steps_per_second"]
+    est = Estimate(device=figure["device"], step_seconds={cfg.method: seconds, "default": seconds},
+                   reference_batch=figure["batch"], reference_length=figure["length"])
+    scaled = (f", scaled by the encoder's non-embedding parameters ({figure['params'] / 1e6:.1f}M there, "
+              f"{n_run / 1e6:.1f}M here)" if n_run and figure["params"] else " (this model's size is not known here: "
+              "not scaled)")
+    return est, (f"raysent bench {figure['file']} ({figure['device']}): {figure['method']} "
+                 f"{figure['steps_per_second']:.2f} steps/s on {figure['model']} at batch {figure['batch']} × length "
+                 f"{figure['length']}, {figure['precision']}{scaled}, and by batch × length")
+
+
+def newest_bench_figure(root: Path, device: str, method: str) -> dict[str, Any] | None:
+    """The newest measurement of ``method`` (else of any method) on ``device`` in the bench records under ``root``:
+    the training part's case of the method, else the gpu part's default case (simcse-unsup)."""
+    import json
+
+    fallback = None
+    for path in sorted(root.glob("*.json"), reverse=True):
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        machine = record.get("machine") or {}
+        if (machine.get("cuda") is not None) != (device == "cuda"):
+            continue
+        options = record.get("options") or {}
+        cases: dict[str, Any] = dict((record.get("training") or {}).get("methods") or {})
+        gpu_default = ((record.get("gpu") or {}).get("cases") or {}).get("defaults")
+        if gpu_default and "simcse-unsup" not in cases:
+            cases["simcse-unsup"] = gpu_default
+        for name, case in cases.items():
+            if not case.get("steps_per_second"):
+                continue
+            figure = {"file": f"results/bench/{path.name}", "device": machine.get("cuda") or
+                      f"CPU, {case.get('threads') or machine.get('cpus')} thread(s)", "method": name,
+                      "steps_per_second": float(case["steps_per_second"]), "model": options.get("model", "?"),
+                      "batch": int(options.get("batch_size", 64)), "length": int(options.get("max_length", 32)),
+                      "precision": case.get("precision", "?"), "params": case.get("encoder_params_non_embedding")}
+            if name == method:
+                return figure
+            fallback = fallback or figure
+    return fallback
+
+
+# (layers, hidden, intermediate) of the papers' encoders, from their config.json on the hub: the size of a model that
+# is not here yet (a dry run before its download)
+KNOWN_SHAPES = {"bert-base-uncased": (12, 768, 3072), "bert-base-cased": (12, 768, 3072),
+                "bert-large-uncased": (24, 1024, 4096), "bert-large-cased": (24, 1024, 4096),
+                "roberta-base": (12, 768, 3072), "roberta-large": (24, 1024, 4096)}
+
+
+def encoder_params(model: str) -> int | None:
+    """About the parameters of a BERT-like encoder outside its embeddings, from its config.json, or for the papers'
+    encoders their known shape (None: not known here): layers × (4h² attention + 2h·i feed-forward)."""
+    import json
+
+    from raysent.models.locate import resolve_model
+
+    where, _ = resolve_model(model)
+    config = Path(where) / "config.json"
+    if not config.is_file():
+        shape = KNOWN_SHAPES.get(model.split("/")[-1])
+        return None if shape is None else shape[0] * (4 * shape[1] ** 2 + 2 * shape[1] * shape[2])
+    c = json.loads(config.read_text(encoding="utf-8"))
+    h, layers, inter = c.get("hidden_size"), c.get("num_hidden_layers"), c.get("intermediate_size")
+    if not (isinstance(h, int) and isinstance(layers, int) and isinstance(inter, int)):
+        return None
+    return layers * (4 * h * h + 2 * h * inter)

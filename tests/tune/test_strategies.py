@@ -311,3 +311,42 @@ def test_a_gp_search_runs_its_trials_with_optunas_gp_sampler(ray_cluster, tmp_pa
     assert all(t.params["lr"] != pytest.approx(x) for t, x in zip(done[1:], drawn[1:]))
     assert summary.budget is not None and summary.budget.configurations == 3
     assert summary.budget.steps_total == 3 * 2
+
+
+def test_the_estimate_is_for_the_device_the_trials_train_on_and_names_its_bench_record(tmp_path, monkeypatch):
+    """A GPU's bench record prices a GPU run, a CPU's a CPU run, each scaled to the run's encoder; a local stand-in of
+    wiki1m is named with the full set's steps."""
+    import json
+
+    from raysent.tune import cost
+
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    case = {"steps": 10, "seconds": 1.0, "sentences_per_second": 1.0, "peak_rss_mib": 1.0, "cuda_peak_mib": None,
+            "precision": "bf16", "encoder_params_non_embedding": 85_000_000}
+    (bench / "20261127-141715.json").write_text(json.dumps({
+        "options": {"model": "bert-base-random", "batch_size": 64, "max_length": 32},
+        "machine": {"cuda": "NVIDIA H200", "cpus": 16},
+        "training": {"methods": {"simcse-unsup": {**case, "steps_per_second": 20.0}}}}))
+    (bench / "20261127-150950.json").write_text(json.dumps({
+        "options": {"model": "paraphrase-MiniLM-L3-v2", "batch_size": 64, "max_length": 32},
+        "machine": {"cuda": None, "cpus": 2},
+        "training": {"methods": {"simcse-unsup": {**case, "steps_per_second": 1.0, "precision": "fp32",
+                                                  "encoder_params_non_embedding": 5_000_000}}}}))
+    base = {**BASE, "model": {"name": "bert-base-uncased"}, "data": {"train": "wiki1m"},
+            "train": {"batch_size": 64}, "tracking": {"results_dir": str(tmp_path)}}
+    on_gpu = parse_config({**base, "resources": {"gpus_per_worker": 1}})
+    est, said = cost.device_estimate(on_gpu)
+    n = 12 * (4 * 768 ** 2 + 2 * 768 * 3072)  # BERT-base's non-embedding parameters, from its shape
+    assert est.step_seconds["simcse-unsup"] == pytest.approx(n / 85e6 / 20.0)
+    assert said.startswith("raysent bench results/bench/20261127-141715.json (NVIDIA H200): simcse-unsup 20.00 "
+                           "steps/s on bert-base-random at batch 64 × length 32, bf16, scaled by the encoder's")
+    on_cpu = parse_config({**base, "resources": {"gpus_per_worker": 0}})
+    est, said = cost.device_estimate(on_cpu)
+    assert est.step_seconds["simcse-unsup"] == pytest.approx(n / 5e6) and "(CPU, 2 thread(s))" in said
+    monkeypatch.setattr(cost, "planned_concurrency", lambda cfg: 1)
+    rough = cost.rough_estimate(on_cpu, searched=False)
+    assert rough["data"].startswith("wiki1m: the runs here read the local copy, 11,914 rows") and \
+        rough["data"].endswith("a run is 15,625 steps")
+    (bench / "20261127-141715.json").unlink()
+    assert cost.device_estimate(on_gpu)[1].startswith("no `raysent bench` record of a cuda device under ")
