@@ -105,14 +105,48 @@ def senteval_tar(data: Path, prefix: str = "", sick_splits: dict[str, slice] | N
         lines = [header] + [f"{i + 1}\t{r['sentence1']}\t{r['sentence2']}\t{r['score']}\tNEUTRAL"
                             for i, r in enumerate(rows)]
         files[f"SICK/{name}.txt"] = "\n".join(lines) + "\n"
+    files.update(transfer_files(data))
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         for rel, text in sorted(files.items()):
-            payload = text.encode("utf-8")
+            payload = text.encode("latin-1" if rel.split("/")[0] in LATIN1 else "utf-8")
             info = tarfile.TarInfo(prefix + rel)
             info.size = len(payload)
             tar.addfile(info, io.BytesIO(payload))
     return buf.getvalue()
+
+
+LATIN1 = ("MR", "CR", "SUBJ", "MPQA", "TREC")  # SentEval reads these as latin-1
+
+
+def transfer_files(data: Path) -> dict[str, str]:
+    """SentEval's transfer-task files, as its data/downstream/get_transfer_data.bash leaves them and its loaders
+    read them, made from ../shared/data/senteval (SentEval's own text): MR/CR/SUBJ/MPQA a file per label; SST-2
+    ``sentence<TAB>label``; TREC ``LABEL:fine question`` (the fine label is not in shared/data: ``x`` stands for
+    it); MRPC's header and five fields. CR gets back two of the empty lines its source has."""
+    out: dict[str, str] = {}
+    binary = {"MR": ("rt-polarity.pos", "rt-polarity.neg"), "CR": ("custrev.pos", "custrev.neg"),
+              "SUBJ": ("subj.objective", "subj.subjective"), "MPQA": ("mpqa.pos", "mpqa.neg")}
+    for task, (one, zero) in binary.items():
+        rows = _rows(data / "senteval" / f"{task}.tsv")
+        ones = [r["sentence"] for r in rows if r["label"] == "1"]
+        zeros = [r["sentence"] for r in rows if r["label"] == "0"]
+        if task == "CR":
+            ones.insert(3, "")
+            zeros.insert(0, "")
+        out[f"{task}/{one}"] = "\n".join(ones) + "\n"
+        out[f"{task}/{zero}"] = "\n".join(zeros) + "\n"
+    for split in ("train", "dev", "test"):
+        rows = _rows(data / "senteval" / "SST2" / f"{split}.tsv")
+        out[f"SST/binary/sentiment-{split}"] = "".join(f"{r['sentence']}\t{r['label']}\n" for r in rows)
+    for split, name in (("train", "train_5500.label"), ("test", "TREC_10.label")):
+        rows = _rows(data / "senteval" / "TREC" / f"{split}.tsv")
+        out[f"TREC/{name}"] = "".join(f"{r['label']}:x {r['sentence']}\n" for r in rows)
+    for split in ("train", "test"):
+        rows = _rows(data / "senteval" / "MRPC" / f"{split}.tsv")
+        out[f"MRPC/msr_paraphrase_{split}.txt"] = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n" + "".join(
+            f"{r['label']}\t{2 * i}\t{2 * i + 1}\t{r['sentence1']}\t{r['sentence2']}\n" for i, r in enumerate(rows))
+    return out
 
 
 def simcse_repo(cache: Path, data: Path, prefix: str = "", sick_splits: dict[str, slice] | None = None) -> Path:

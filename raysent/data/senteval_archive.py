@@ -42,6 +42,8 @@ STSB_FILES = {"train": "STS/STSBenchmark/sts-train.csv", "dev": "STS/STSBenchmar
               "test": "STS/STSBenchmark/sts-test.csv"}
 SICK_FILES = {"train": "SICK/SICK_train.txt", "dev": "SICK/SICK_trial.txt", "test": "SICK/SICK_test_annotated.txt"}
 ANCHOR = STSB_FILES["test"]  # a member every such archive has: where STS/ and SICK/ sit inside it
+FOLDERS = ("STS", "SICK", "MR", "CR", "SUBJ", "MPQA", "SST", "TREC", "MRPC")  # what is read of it
+LATIN1 = ("MR", "CR", "SUBJ", "MPQA", "TREC")  # SentEval's loaders read these as latin-1, the others as UTF-8
 
 
 @dataclass
@@ -73,7 +75,7 @@ def _members(path: str, size: int, mtime: float) -> dict[str, bytes]:
             out = {}
             for m in names:
                 rel = m.name[len(prefix):]
-                if m.name.startswith(prefix) and rel.startswith(("STS/", "SICK/")):
+                if m.name.startswith(prefix) and rel.split("/", 1)[0] in FOLDERS:
                     f = tar.extractfile(m)
                     if f is not None:
                         out[rel] = f.read()
@@ -81,6 +83,53 @@ def _members(path: str, size: int, mtime: float) -> dict[str, bytes]:
     except (tarfile.TarError, OSError, EOFError) as exc:
         raise DataError(f"{path}: cannot be read as a tar archive ({type(exc).__name__}: {exc}); the download may be "
                         "incomplete: delete it from the Hugging Face cache (`hf cache rm`) and read it again") from None
+
+
+def read_labelled(path: Path, task: str, rels: tuple[str, ...], where: str,
+                  label_names: tuple[str, ...]) -> tuple[list[str], list[int]]:
+    """A single-sentence task's split (texts, label ids) as SentEval reads it: MR/CR/SUBJ/MPQA one file per label,
+    the label-1 file first (``binary.py``); SST-2 ``sentence<TAB>label`` (``sst.py``); TREC ``LABEL:fine text``,
+    the coarse label (``trec.py``). Empty lines are left out."""
+    files = members(path)
+    texts: list[str] = []
+    ids: list[int] = []
+    encoding = "latin-1" if task in LATIN1 else "utf-8"
+    for k, rel in enumerate(rels):
+        if rel not in files:
+            raise DataError(f"{where}: the archive has no {rel} (SentEval's layout: {Path(rel).parent}/)")
+        for i, line in enumerate(files[rel].decode(encoding).splitlines(), start=1):
+            if not line.strip():
+                continue
+            if task == "TREC":
+                target, _, rest = line.strip().partition(":")
+                text = rest.split(" ", 1)[1] if " " in rest else ""
+                label = target
+            elif task == "SST2":
+                text, _, label = line.strip().rpartition("\t")
+            else:
+                text, label = line, str(1 - k)  # the label-1 file first, then the label-0 one
+            if label not in label_names:
+                raise DataError(f"{where}/{rel} line {i}: label {label!r} is not one of {', '.join(label_names)}")
+            texts.append(_text(text, rel, i, where, "sentence"))
+            ids.append(label_names.index(label))
+    return texts, ids
+
+
+def read_mrpc(path: Path, rel: str, where: str) -> tuple[list[str], list[str], list[int]]:
+    """MRPC's split as SentEval's ``mrpc.py`` reads it: after the header, quality, ids, sentence 1, sentence 2."""
+    s1: list[str] = []
+    s2: list[str] = []
+    y: list[int] = []
+    for i, line in enumerate(_lines(members(path), rel, where)[1:], start=2):
+        if not line.strip():
+            continue
+        fields = line.strip().split("\t")
+        if len(fields) < 5 or fields[0] not in ("0", "1"):
+            raise DataError(f"{where}/{rel} line {i}: expected quality (0 or 1), #1 ID, #2 ID, #1 String, #2 String")
+        y.append(int(fields[0]))
+        s1.append(_text(fields[3], rel, i, where, "#1 String"))
+        s2.append(_text(fields[4], rel, i, where, "#2 String"))
+    return s1, s2, y
 
 
 def members(path: Path) -> dict[str, bytes]:

@@ -9,10 +9,10 @@ Rows keep the order of the SentEval source files (for MR/CR/SUBJ/MPQA: the label
 the label-0 file), because SentEval's cross-validation folds are drawn on that order after its sort
 by sentence length (:func:`senteval_order`).
 
-Where a task is looked for, in order: ``$RAYSENT_DATA_DIR/senteval/...``; the hub copy named in the
-declaration (unless ``HF_HUB_OFFLINE=1``); otherwise a :class:`DataError` that says where it looked
-and how to fix it. Tasks without a faithful hub copy (SST-2 with SentEval's labelled test set and
-phrase-level train set, SUBJ, MPQA, MRPC's labelled test set) name SentEval's download script instead.
+Where a task is looked for, in order: ``$RAYSENT_DATA_DIR/senteval/...``; SentEval's own files in SimCSE's
+``senteval.tar`` on the hub (pinned; through the Hugging Face cache, so offline too once downloaded:
+:mod:`raysent.hub`), with SentEval's splits and order, every split's size checked against SentEval's; otherwise a
+:class:`DataError` that says where it looked, what failed and how to fix it.
 """
 
 from __future__ import annotations
@@ -25,17 +25,13 @@ from pathlib import Path
 
 import numpy as np
 
-from raysent.data.datasets import Data, data_dir
+from raysent.data.datasets import SENTEVAL_TAR, SIMCSE_REPO, SIMCSE_REVISION, Data, data_dir
 from raysent.data.readers import read_table
+from raysent.data.senteval_archive import read_labelled, read_mrpc
 from raysent.errors import DataError, did_you_mean
-from raysent.hub import hub_offline
-
-# Lazy imports: datasets, huggingface_hub (heavy, and only the functions that need them import them).
+from raysent.hub import fetch_file, hub_url
 
 log = logging.getLogger(__name__)
-
-SENTEVAL_DOWNLOAD = ("SentEval's data/downstream/get_transfer_data.bash (github.com/facebookresearch/SentEval), "
-                     "converted to the TSV layout of shared/data/MANIFEST.md")
 
 
 # --------------------------------------------------------------------------- containers
@@ -85,20 +81,6 @@ class LabelledPairs(Data):
 
 # --------------------------------------------------------------------------- declarations
 @dataclass(frozen=True)
-class HubCopy:
-    """A public hub copy of one task: ``files`` (raw SentEval files of a dataset repo, one per label,
-    label order of ``label_names``) or ``splits`` of a ``load_dataset`` repo (ours -> theirs, joined with +)."""
-
-    repo: str
-    files: tuple[str, ...] = ()
-    splits: tuple[tuple[str, str], ...] = ()
-    text_column: str = "text"
-    label_column: str = "label"
-    label_map: tuple[tuple[str, str], ...] = ()  # (their label name, ours); default: the same names
-    note: str = ""
-
-
-@dataclass(frozen=True)
 class TransferTask:
     name: str  # SentEval's name (MR, CR, ...)
     description: str
@@ -106,7 +88,8 @@ class TransferTask:
     pairs: bool  # sentence pairs (MRPC) or single sentences
     local: dict[str, str]  # split -> file relative to RAYSENT_DATA_DIR
     label_names: tuple[str, ...]  # label id = index (SentEval's ids)
-    hub: HubCopy | None = None
+    archive: dict[str, tuple[str, ...]] = field(default_factory=dict)  # split -> SentEval's files in senteval.tar
+    sizes: dict[str, int] = field(default_factory=dict)  # split -> rows (SentEval's files, empty lines dropped)
 
     @property
     def nclasses(self) -> int:
@@ -119,33 +102,32 @@ TREC_LABELS = ("ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM")  # SentEval's tgt2id
 TRANSFER_TASKS: dict[str, TransferTask] = {
     "MR": TransferTask(
         "MR", "movie-review polarity (Pang & Lee 2005), 10,662 sentences", "inner_kfold", False,
-        {"all": "senteval/MR.tsv"}, _BINARY,
-        HubCopy("cornell-movie-review-data/rotten_tomatoes", splits=(("all", "train+validation+test"),),
-                label_map=(("neg", "0"), ("pos", "1")),
-                note="the hub copy orders the sentences differently from SentEval's rt-polarity.pos/.neg "
-                     "files, so the cross-validation folds differ from SentEval's")),
+        {"all": "senteval/MR.tsv"}, _BINARY, {"all": ("MR/rt-polarity.pos", "MR/rt-polarity.neg")}, {"all": 10662}),
     "CR": TransferTask(
         "CR", "customer-review polarity (Hu & Liu 2004), 3,771 non-empty sentences", "inner_kfold", False,
-        {"all": "senteval/CR.tsv"}, _BINARY,
-        HubCopy("SetFit/SentEval-CR", files=("custrev.neg", "custrev.pos"))),
+        {"all": "senteval/CR.tsv"}, _BINARY, {"all": ("CR/custrev.pos", "CR/custrev.neg")}, {"all": 3771}),
     "SUBJ": TransferTask(
         "SUBJ", "subjectivity (Pang & Lee 2004), 10,000 sentences; 1 = objective (SentEval's convention)",
-        "inner_kfold", False, {"all": "senteval/SUBJ.tsv"}, _BINARY),
+        "inner_kfold", False, {"all": "senteval/SUBJ.tsv"}, _BINARY,
+        {"all": ("SUBJ/subj.objective", "SUBJ/subj.subjective")}, {"all": 10000}),
     "MPQA": TransferTask(
         "MPQA", "opinion polarity (Wiebe et al. 2005), 10,603 non-empty phrases", "inner_kfold", False,
-        {"all": "senteval/MPQA.tsv"}, _BINARY),
+        {"all": "senteval/MPQA.tsv"}, _BINARY, {"all": ("MPQA/mpqa.pos", "MPQA/mpqa.neg")}, {"all": 10603}),
     "SST2": TransferTask(
         "SST2", "Stanford Sentiment Treebank, binary (SentEval's version: train 67,349 phrases, dev 872, "
         "test 1,821)", "split", False,
         {"train": "senteval/SST2/train.tsv", "dev": "senteval/SST2/dev.tsv", "test": "senteval/SST2/test.tsv"},
-        _BINARY),
+        _BINARY, {s: (f"SST/binary/sentiment-{s}",) for s in ("train", "dev", "test")},
+        {"train": 67349, "dev": 872, "test": 1821}),
     "TREC": TransferTask(
         "TREC", "question type, 6 coarse classes (Li & Roth 2002): train 5,452, test 500", "kfold", False,
         {"train": "senteval/TREC/train.tsv", "test": "senteval/TREC/test.tsv"}, TREC_LABELS,
-        HubCopy("CogComp/trec", splits=(("train", "train"), ("test", "test")), label_column="coarse_label")),
+        {"train": ("TREC/train_5500.label",), "test": ("TREC/TREC_10.label",)}, {"train": 5452, "test": 500}),
     "MRPC": TransferTask(
         "MRPC", "Microsoft Research paraphrase corpus: train 4,076, test 1,725 pairs", "kfold", True,
-        {"train": "senteval/MRPC/train.tsv", "test": "senteval/MRPC/test.tsv"}, _BINARY),
+        {"train": "senteval/MRPC/train.tsv", "test": "senteval/MRPC/test.tsv"}, _BINARY,
+        {"train": ("MRPC/msr_paraphrase_train.txt",), "test": ("MRPC/msr_paraphrase_test.txt",)},
+        {"train": 4076, "test": 1725}),
 }
 # names users may type, case-insensitively
 _ALIASES = {"SST-2": "SST2", "SST": "SST2"}
@@ -212,67 +194,40 @@ def _ids(values: list[str], task: TransferTask) -> np.ndarray:
 def _load_from_hub_or_fail(task: TransferTask, files: dict[str, Path] | None):
     root = data_dir()
     if files is None:
-        tried = [" and ".join(f"$RAYSENT_DATA_DIR/{p}" for p in task.local.values()) + " (RAYSENT_DATA_DIR is not set)"]
+        local = " and ".join(f"$RAYSENT_DATA_DIR/{p}" for p in task.local.values()) + " (RAYSENT_DATA_DIR is not set)"
     else:
-        missing = [str(f) for f in files.values() if not f.is_file()]
-        tried = [" and ".join(missing) + f" (RAYSENT_DATA_DIR={root})"]
-    if task.hub is None:
-        tried.append(f"the Hugging Face hub: no copy with SentEval's data and splits is declared for {task.name}")
-    elif hub_offline():
-        tried.append(f"the Hugging Face hub ({task.hub.repo}): skipped, HF_HUB_OFFLINE is set")
-    else:
-        try:
-            return _read_hub(task)
-        except DataError:
-            raise
-        except Exception as exc:  # network, missing repo, ... -> summarised below
-            tried.append(f"the Hugging Face hub ({task.hub.repo}): {type(exc).__name__}: "
-                         f"{str(exc).splitlines()[0][:200] if str(exc) else ''}")
-    fix = ("set RAYSENT_DATA_DIR to a folder with the layout of shared/data (senteval/..., see its "
-           "MANIFEST.md)")
-    fix += (f", or give the machine access to the Hugging Face hub ({task.hub.repo})" if task.hub is not None
-            else f"; the files come from {SENTEVAL_DOWNLOAD}")
-    raise DataError(f"SentEval task {task.name!r} not found. Looked in: " + "; ".join(tried) + f". Fix: {fix}.")
+        local = " and ".join(str(f) for f in files.values() if not f.is_file()) + f" (RAYSENT_DATA_DIR={root})"
+    try:
+        return _read_archive(task)
+    except DataError as exc:
+        raise DataError(f"SentEval task {task.name!r}: not in {local}; then the hub: {exc}") from None
 
 
-def _read_hub(task: TransferTask) -> dict[str, LabelledSentences]:
-    """Read a task from its hub copy (only reached with network access)."""
-    hub = task.hub
-    assert hub is not None
-    notes = [hub.note] if hub.note else []
-    if hub.files:  # raw SentEval files, one per label (label id = position)
-        from huggingface_hub import hf_hub_download
-
-        texts, labels = [], []
-        for label_id in reversed(range(len(hub.files))):  # SentEval reads the label-1 file first
-            path = hf_hub_download(hub.repo, hub.files[label_id], repo_type="dataset")
-            with open(path, encoding="latin-1") as fh:
-                lines = [line.strip() for line in fh.read().splitlines()]
-            kept = [s for s in lines if s]
-            texts += kept
-            labels += [label_id] * len(kept)
-        return {"all": LabelledSentences(name=f"{task.name}:all", source=f"hf://{hub.repo}", notes=notes,
-                                         texts=texts, labels=np.asarray(labels, dtype=np.int64),
-                                         label_names=task.label_names)}
-    import datasets
-
-    out = {}
-    for ours, theirs in hub.splits:
-        parts = [datasets.load_dataset(hub.repo, split=s) for s in theirs.split("+")]
-        texts, labels = [], []
-        for ds in parts:
-            feature = ds.features[hub.label_column]
-            raw = list(ds[hub.label_column])
-            names = [feature.int2str(v) for v in raw] if hasattr(feature, "int2str") else [str(v) for v in raw]
-            names = [dict(hub.label_map).get(n, n) for n in names]
-            bad = sorted(set(names) - set(task.label_names))
-            if bad:
-                raise DataError(f"hf://{hub.repo}: labels {bad} are not {task.name}'s ({', '.join(task.label_names)})")
-            texts += [str(t).strip() for t in ds[hub.text_column]]
-            labels += [task.label_names.index(n) for n in names]
-        out[ours] = LabelledSentences(name=f"{task.name}:{ours}", source=f"hf://{hub.repo}[{theirs}]",
-                                      notes=list(notes), texts=texts, labels=np.asarray(labels, dtype=np.int64),
-                                      label_names=task.label_names)
+def _read_archive(task: TransferTask) -> dict[str, LabelledSentences | LabelledPairs]:
+    """A task from SentEval's own files in SimCSE's ``senteval.tar`` (pinned: :data:`~raysent.data.datasets.
+    SIMCSE_REVISION`), read as SentEval's loaders read them (``senteval/binary.py``, ``sst.py``, ``trec.py``,
+    ``mrpc.py``): the label-1 file first, then the label-0 one; empty lines left out (CR has 4, MPQA 3)."""
+    what = f"SentEval task {task.name}"
+    path, commit = fetch_file(SIMCSE_REPO, SENTEVAL_TAR, SIMCSE_REVISION, what)
+    where = hub_url(SIMCSE_REPO, commit, path.name)
+    out: dict[str, LabelledSentences | LabelledPairs] = {}
+    for split, rels in task.archive.items():
+        source = " + ".join(f"{where}/{r}" for r in rels)
+        name = f"{task.name}:{split}"
+        if task.pairs:
+            s1, s2, y = read_mrpc(path, rels[0], where)
+            data: LabelledSentences | LabelledPairs = LabelledPairs(
+                name=name, source=source, sentence1=s1, sentence2=s2, labels=np.asarray(y, dtype=np.int64),
+                label_names=task.label_names)
+        else:
+            texts, ids = read_labelled(path, task.name, rels, where, task.label_names)
+            data = LabelledSentences(name=name, source=source, texts=texts, labels=np.asarray(ids, dtype=np.int64),
+                                     label_names=task.label_names)
+        want = task.sizes.get(split)
+        if want is not None and len(data) != want:
+            raise DataError(f"{source}: {len(data):,} rows, but SentEval's {task.name} {split} has {want:,}: another "
+                            "copy of the task would not give SentEval's numbers, so it is refused")
+        out[split] = data
     return out
 
 

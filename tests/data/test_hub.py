@@ -205,3 +205,22 @@ def test_raysent_data_download_reads_every_split_from_the_cache_and_names_the_co
     assert "sts17:en-en: 250 rows from hf://datasets/mteb/sts17-crosslingual-sts@" in out
     assert f"model {hub_standins.BERT_MINI[0]}: hf://{hub_standins.BERT_MINI[0]}@{hub_standins.BERT_MINI[1]}" in out
     assert os.environ["RAYSENT_DATA_DIR"] == str(DATA)
+
+
+@pytest.mark.parametrize("task", ["MR", "CR", "SUBJ", "MPQA", "SST2", "TREC", "MRPC"])
+def test_every_senteval_transfer_task_reads_from_the_archive_in_sentevals_order(from_hub, task):
+    """SentEval's own files in senteval.tar: SentEval's splits and sizes, the label-1 file first, empty lines left
+    out; the same rows as shared/data's copy (SentEval's text)."""
+    from raysent.data.transfer import load_task
+
+    hub = load_task(task)
+    os.environ["RAYSENT_DATA_DIR"] = str(DATA)
+    try:
+        local = load_task(task)
+    finally:
+        del os.environ["RAYSENT_DATA_DIR"]
+    assert hub.keys() == local.keys()
+    for split, data in hub.items():
+        assert data.source.startswith(f"hf://datasets/{hub_standins.SIMCSE[0]}@{hub_standins.SIMCSE[1]}/senteval.tar/")
+        np.testing.assert_array_equal(data.labels, local[split].labels)
+        assert data.sentences() == [" ".join(s.split()) for s in local[split].sentences()]

@@ -331,21 +331,22 @@ def test_missing_data_folder_names_raysent_data_dir_and_the_hub(tmp_path, monkey
 
     never = lambda s: pytest.fail("nothing may be embedded when the data is missing")  # noqa: E731
     monkeypatch.setenv("RAYSENT_DATA_DIR", str(tmp_path))
-    with pytest.raises(DataError) as info:
-        evaluate_senteval(never, ["MR"])
-    msg = str(info.value)
-    assert str(tmp_path / "senteval/MR.tsv") in msg and "RAYSENT_DATA_DIR" in msg
-    assert "cornell-movie-review-data/rotten_tomatoes" in msg and "HF_HUB_OFFLINE" in msg
-    with pytest.raises(DataError) as info:
-        evaluate_senteval(never, ["SST2"])  # no faithful hub copy: says where SentEval's files come from
-    assert "RAYSENT_DATA_DIR" in str(info.value) and "get_transfer_data.bash" in str(info.value)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub-cache"))
+    for task in ("MR", "SST2"):  # every task: SentEval's own files in SimCSE's senteval.tar
+        with pytest.raises(DataError) as info:
+            evaluate_senteval(never, [task])
+        msg = str(info.value)
+        assert str(tmp_path / "senteval") in msg and "RAYSENT_DATA_DIR" in msg
+        assert "princeton-nlp/datasets-for-simcse/senteval.tar" in msg and "HF_HUB_OFFLINE is set" in msg
+        assert "hf download princeton-nlp/datasets-for-simcse senteval.tar" in msg
     with pytest.raises(DataError) as info:
         evaluate_sts17(never, ["es-es"])
     assert "RAYSENT_DATA_DIR" in str(info.value) and "mteb/sts17-crosslingual-sts" in str(info.value)
     monkeypatch.delenv("RAYSENT_DATA_DIR")
     with pytest.raises(DataError) as info:
         evaluate_senteval(never, ["TREC"])
-    assert "RAYSENT_DATA_DIR is not set" in str(info.value) and "CogComp/trec" in str(info.value)
+    assert "RAYSENT_DATA_DIR is not set" in str(info.value) and "senteval.tar" in str(info.value)
 
 
 # --------------------------------------------------------------------------- CLI
