@@ -17,13 +17,20 @@ import yaml
 from raysent.errors import RaysentError, did_you_mean
 from raysent.report.runs import TASKS, short_model
 
-DEFAULT_FILE = Path(__file__).resolve().parents[2] / "results" / "published.yaml"
+# the papers' numbers, committed beside the package in a checkout (an editable install reads them there)
+CHECKOUT_FILE = Path(__file__).resolve().parents[2] / "results" / "published.yaml"
+
+
+def default_file() -> Path:
+    """results/published.yaml of the checkout the package runs from, else of the working directory (a
+    non-editable install, such as clusters/Dockerfile's image, whose package sits in site-packages)."""
+    return CHECKOUT_FILE if CHECKOUT_FILE.is_file() else Path.cwd() / "results" / "published.yaml"
 REQUIRED = ("paper", "table", "row", "method", "model", "eval", "scores")
 
 
 def load(path: str | Path | None = None) -> list[dict]:
     """The entries of published.yaml (validated enough to build rows from)."""
-    path = Path(path) if path else DEFAULT_FILE
+    path = Path(path) if path else default_file()
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except FileNotFoundError:

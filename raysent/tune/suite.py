@@ -37,6 +37,7 @@ from raysent.methods.spec import get_spec
 from raysent.models.locate import resolve_model
 from raysent.report.compare import ComparisonResult, Side, compare
 from raysent.report.runs import Run, load_experiment
+from raysent.report.published import default_file as default_published_file
 from raysent.tune.cost import Estimate, estimate_seconds
 from raysent.tune.driver import experiment_dir, tune_experiment
 from raysent.tune.state import SearchState
@@ -277,7 +278,7 @@ def write_report(suite: SuiteConfig, path: Path, results_dir: Path) -> dict:
     runs = [r for n in names for r in load_experiment(n, results_dir, "final")]
     published = results_dir / "published.yaml"
     if not published.is_file():
-        published = Path(__file__).resolve().parents[2] / "results" / "published.yaml"
+        published = default_published_file()
     table = build_table(runs, published="match" if published.is_file() else None,
                         published_file=published if published.is_file() else None, title=f"suite {suite.name}")
     table.write(out / "table")

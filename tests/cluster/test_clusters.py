@@ -10,8 +10,14 @@
   for the IAM role, key pair, security group, subnets and the AMI, so it needs credentials and the
   network; everything before it (prepare + validate) is checked;
 * a typo'd key or a wrong type in a copy of ``gpu.yaml`` is caught, with the message asserted;
-* the KubeRay ``RayCluster`` manifest has every field KubeRay requires (checked here field by field:
-  the CRD schema lives in the cluster, not in any package installed here);
+* the KubeRay manifest (``kuberay.yaml``, several documents): its ``RayCluster`` has every field KubeRay
+  requires (checked here field by field: the CRD schema lives in the cluster, not in any package installed
+  here), runs the raysent image on every pod, and has GPU groups that mirror ``gpu.yaml``'s node types; its
+  ConfigMap's autoscaler node types equal the groups (and what Ray's own KubeRay autoscaler code derives from
+  them), so ``raysent.train.resources.capacity_of_config`` counts every GPU; the results claim is mounted on
+  the head and the shared claim on every pod, where the env vars and docs/cluster.md's commands point;
+* ``clusters/Dockerfile`` builds on Ray's GPU image of the installed ray, installs the pinned torch before the
+  project (not editable) and runs ``pip check``; ``.dockerignore`` sends Docker its COPY sources and nothing else;
 * the Ray version pinned in the setup commands and the manifest equals the installed
   ``ray.__version__``: upgrading ray fails this test until the configs are updated;
 * every ``ray ...`` line in docs/cluster.md, section "Scale out: a Ray cluster", and every ``ray``
@@ -19,8 +25,9 @@
   its ``--help`` lists (through click's CliRunner on ``ray.scripts.scripts.cli``).
 
 Not checked offline: AWS credentials, quotas and instance availability, the SSM-resolved AMI,
-SSH to the machines of ``local.yaml``, the Kubernetes API server and KubeRay's CRD, and whether the
-pip installs in the setup commands succeed on the nodes.
+SSH to the machines of ``local.yaml``, the Kubernetes API server and KubeRay's CRD, the storage classes and
+the registry, whether ``docker build`` succeeds (no Docker engine here), and whether the pip installs in the setup
+commands succeed on the nodes.
 """
 
 from __future__ import annotations
@@ -56,16 +63,36 @@ pytestmark = pytest.mark.filterwarnings("ignore:Using extra keyword arguments on
 
 
 def _load(path: Path):
+    """A one-document YAML file (a cluster-launcher config)."""
     return yaml.safe_load(path.read_text(encoding="utf-8"))
 
 
-def _is_launcher_config(doc) -> bool:
-    return isinstance(doc, dict) and "kind" not in doc and "provider" in doc
+def _load_all(path: Path) -> list:
+    """Every document of a YAML file (a Kubernetes manifest holds several, split by ``---``)."""
+    return [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d is not None]
+
+
+def _is_launcher_config(docs: list) -> bool:
+    return len(docs) == 1 and isinstance(docs[0], dict) and "kind" not in docs[0] and "provider" in docs[0]
+
+
+def _document(path: Path, kind: str, name: str | None = None) -> dict:
+    """The one document of ``kind`` (and ``metadata.name``) in a manifest."""
+    found = [d for d in _load_all(path) if isinstance(d, dict) and d.get("kind") == kind
+             and (name is None or (d.get("metadata") or {}).get("name") == name)]
+    assert len(found) == 1, f"{path.name}: {len(found)} documents of kind {kind} {name or ''}"
+    return found[0]
+
+
+def _raycluster(path: Path | None = None) -> dict:
+    return _document(path or CLUSTERS / "kuberay.yaml", "RayCluster")
 
 
 ALL_YAML = sorted(CLUSTERS.glob("*.yaml"))
-LAUNCHER_FILES = [p for p in ALL_YAML if _is_launcher_config(_load(p))]
-KUBERAY_FILES = [p for p in ALL_YAML if isinstance(_load(p), dict) and _load(p).get("kind") == "RayCluster"]
+LAUNCHER_FILES = [p for p in ALL_YAML if _is_launcher_config(_load_all(p))]
+KUBERAY_FILES = [p for p in ALL_YAML if any(isinstance(d, dict) and d.get("kind") == "RayCluster" for d in _load_all(p))]
+DOCKERFILE = CLUSTERS / "Dockerfile"
+DOCKERIGNORE = REPO / ".dockerignore"
 COMMAND_KEYS = ("initialization_commands", "setup_commands", "head_setup_commands", "worker_setup_commands",
                 "head_start_ray_commands", "worker_start_ray_commands")
 
@@ -441,20 +468,75 @@ def raycluster_problems(doc: dict, ray_version: str) -> list[str]:
     return problems
 
 
+def _pods(doc: dict) -> list[tuple[str, dict]]:
+    """(group name, pod spec) of the head (``head``) and of every worker group."""
+    spec = doc["spec"]
+    return [("head", spec["headGroupSpec"]["template"]["spec"])] + [
+        (g["groupName"], g["template"]["spec"]) for g in spec["workerGroupSpecs"]]
+
+
+def _mounts(pod: dict) -> dict[str, dict]:
+    """mountPath -> the volume mounted there, for the pod's Ray container (KubeRay's: the first)."""
+    volumes = {v["name"]: v for v in pod.get("volumes") or []}
+    return {m["mountPath"]: volumes[m["name"]] for m in pod["containers"][0].get("volumeMounts") or []}
+
+
+def _claim_mount(pod: dict, claim: str) -> str | None:
+    paths = [p for p, v in _mounts(pod).items() if (v.get("persistentVolumeClaim") or {}).get("claimName") == claim]
+    assert len(paths) <= 1, paths
+    return paths[0] if paths else None
+
+
+def _env(pod: dict) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in pod["containers"][0].get("env") or []}
+
+
+def _quantity(value) -> int:
+    """A whole-number Kubernetes quantity (cpu "4", nvidia.com/gpu "8")."""
+    assert re.fullmatch(r"\d+", str(value)), f"{value!r}: give whole CPUs and GPUs (the autoscaler rounds up)"
+    return int(value)
+
+
+RESULTS_CLAIM, SHARED_CLAIM, AUTOSCALING_MAP = "raysent-results", "raysent-shared", "raysent-autoscaling"
+
+
+def _autoscaling_config(path: Path | None = None) -> dict:
+    """The autoscaler config of the ConfigMap and the path the head's RAYSENT_AUTOSCALING_CONFIG gives it."""
+    cm = _document(path or CLUSTERS / "kuberay.yaml", "ConfigMap", AUTOSCALING_MAP)
+    ((key, text),) = cm["data"].items()
+    return yaml.safe_load(text) | {"__key__": key}
+
+
 @pytest.mark.parametrize("path", KUBERAY_FILES, ids=lambda p: p.name)
 def test_kuberay_manifest_has_the_required_fields(path):
-    doc = _load(path)
+    doc = _raycluster(path)
     assert raycluster_problems(doc, RAY_VERSION) == []
-    # and the specifics of ours: a GPU group that autoscales from zero, the dashboard on localhost
-    (group,) = doc["spec"]["workerGroupSpecs"]
-    assert group["minReplicas"] == 0 and group["maxReplicas"] >= 1
-    assert doc["spec"]["enableInTreeAutoscaling"] is True
-    assert doc["spec"]["headGroupSpec"]["rayStartParams"]["dashboard-host"] == "127.0.0.1"
-    assert doc["spec"]["headGroupSpec"]["rayStartParams"]["num-gpus"] == "0"
+    # and the specifics of ours: GPU groups that autoscale from zero, the dashboard on localhost, token auth
+    spec = doc["spec"]
+    assert spec["enableInTreeAutoscaling"] is True
+    assert spec["authOptions"] == {"mode": "token"}
+    assert spec["headGroupSpec"]["rayStartParams"]["dashboard-host"] == "127.0.0.1"
+    assert spec["headGroupSpec"]["rayStartParams"]["num-gpus"] == "0"
+    for group in spec["workerGroupSpecs"]:
+        assert group["minReplicas"] == group["replicas"] == 0 and group["maxReplicas"] >= 1, group["groupName"]
+        assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in group["template"]["spec"][
+            "tolerations"], group["groupName"]
+
+
+def test_kuberay_worker_groups_mirror_the_gpu_node_types_of_gpu_yaml():
+    """Every GPU of the cluster in use: the groups offer what clusters/gpu.yaml's GPU node types offer, 1 GPU a pod
+    (0-8 pods) and 8 GPUs a pod (0-2 pods), not only the 1-GPU pods of before."""
+    config = _load(CLUSTERS / "gpu.yaml")
+    launcher = sorted((int(t["resources"]["GPU"]), t["max_workers"]) for name, t in config["available_node_types"].items()
+                      if name != config["head_node_type"])
+    groups = _raycluster()["spec"]["workerGroupSpecs"]
+    kuberay = sorted((_quantity(g["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]),
+                      g["maxReplicas"]) for g in groups)
+    assert kuberay == launcher == [(1, 8), (8, 2)], (kuberay, launcher)
 
 
 def test_kuberay_checker_catches_a_broken_manifest():
-    doc = _load(CLUSTERS / "kuberay.yaml")
+    doc = _raycluster()
     bad = copy.deepcopy(doc)
     bad["spec"]["rayVersion"] = "2.59.0"
     del bad["spec"]["headGroupSpec"]["rayStartParams"]
@@ -474,6 +556,273 @@ def test_kuberay_checker_catches_a_broken_manifest():
     ]
 
 
+def test_kuberay_configmap_node_types_equal_the_worker_groups(ray_schema):
+    """The node types raysent counts (RAYSENT_AUTOSCALING_CONFIG) are the RayCluster's groups: CPU and GPU from each
+    Ray container's limits (the head's GPU from num-gpus), max_workers = maxReplicas; the head mounts the ConfigMap
+    where its env var points; and raysent's own reader finds every GPU of every group in it."""
+    from raysent.train.resources import AUTOSCALING_CONFIG_VAR, capacity_of_config  # torch, no ray
+
+    doc = _raycluster()
+    config = _autoscaling_config()
+    key = config.pop("__key__")
+    assert _schema_errors(config, ray_schema) == []  # an autoscaler config as Ray's schema has it
+    spec = doc["spec"]
+    head_limits = spec["headGroupSpec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    expected = {config["head_node_type"]: {
+        "min_workers": 0, "max_workers": 0,
+        "resources": {"CPU": _quantity(head_limits["cpu"]),
+                      "GPU": _quantity(spec["headGroupSpec"]["rayStartParams"]["num-gpus"])}}}
+    for g in spec["workerGroupSpecs"]:
+        limits = g["template"]["spec"]["containers"][0]["resources"]["limits"]
+        expected[g["groupName"]] = {"min_workers": g["minReplicas"], "max_workers": g["maxReplicas"],
+                                    "resources": {"CPU": _quantity(limits["cpu"]),
+                                                  "GPU": _quantity(limits["nvidia.com/gpu"])}}
+    got = {name: {k: t.get(k) for k in ("min_workers", "max_workers", "resources")}
+           for name, t in config["available_node_types"].items()}
+    assert got == expected
+    assert config["max_workers"] == sum(g["maxReplicas"] for g in spec["workerGroupSpecs"])
+
+    gpus = sum(_quantity(g["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"])
+               * g["maxReplicas"] for g in spec["workerGroupSpecs"])
+    assert gpus == 1 * 8 + 8 * 2 == 24
+    assert capacity_of_config(config)["GPU"] == gpus
+
+    # mounted on the head, at the file the head's RAYSENT_AUTOSCALING_CONFIG names (the driver runs there)
+    head = spec["headGroupSpec"]["template"]["spec"]
+    path = Path(_env(head)[AUTOSCALING_CONFIG_VAR])
+    assert path.name == key
+    volume = _mounts(head)[str(path.parent)]
+    assert volume["configMap"]["name"] == AUTOSCALING_MAP
+
+
+@pytest.mark.slow  # runs ray's own code (imports ray)
+def test_kuberay_configmap_is_what_rays_kuberay_autoscaler_derives():
+    """The ConfigMap holds what KubeRay's autoscaler itself makes of this RayCluster (Ray's own code for it:
+    ray.autoscaler._private.kuberay.autoscaling_config), node type by node type, for the fields raysent reads."""
+    from ray.autoscaler._private.kuberay.autoscaling_config import _derive_autoscaling_config_from_ray_cr
+
+    cr = copy.deepcopy(_raycluster())
+    cr["metadata"]["namespace"] = "default"  # the API server fills it in
+    derived = _derive_autoscaling_config_from_ray_cr(cr)
+    config = _autoscaling_config()
+
+    def view(c):
+        return {"head_node_type": c["head_node_type"], "max_workers": c["max_workers"],
+                "types": {name: (t["min_workers"], t["max_workers"], t["resources"]["CPU"], t["resources"].get("GPU", 0))
+                          for name, t in c["available_node_types"].items()}}
+
+    assert view(config) == view(derived)
+
+
+def test_kuberay_results_and_shared_claims_are_mounted_where_the_commands_write():
+    """Results (and the sqlite MLflow store) on a ReadWriteOnce claim mounted on the head, where the Ray job's driver
+    runs; checkpoints and the caches on a ReadWriteMany claim every pod mounts at the same path; no emptyDir for
+    either."""
+    path = CLUSTERS / "kuberay.yaml"
+    results = _document(path, "PersistentVolumeClaim", RESULTS_CLAIM)
+    shared = _document(path, "PersistentVolumeClaim", SHARED_CLAIM)
+    assert results["spec"]["accessModes"] == ["ReadWriteOnce"]
+    assert shared["spec"]["accessModes"] == ["ReadWriteMany"]
+    for claim in (results, shared):
+        assert re.fullmatch(r"\d+Gi", claim["spec"]["resources"]["requests"]["storage"]), claim["metadata"]["name"]
+
+    pods = _pods(_raycluster())
+    (head,) = [pod for name, pod in pods if name == "head"]
+    assert _claim_mount(head, RESULTS_CLAIM) is not None
+    assert [name for name, pod in pods if _claim_mount(pod, RESULTS_CLAIM)] == ["head"], "RWO: the head alone"
+    shared_at = {_claim_mount(pod, SHARED_CLAIM) for _, pod in pods}
+    assert len(shared_at) == 1 and None not in shared_at, shared_at
+    (shared_at,) = shared_at
+    for name, pod in pods:
+        env = _env(pod)
+        for var in ("RAYSENT_DATA_DIR", "RAYSENT_MODEL_DIR", "HF_HOME"):
+            assert env[var].startswith(shared_at + "/"), (name, var, env[var])
+        mounted = {m["name"] for m in pod["containers"][0]["volumeMounts"]}
+        assert mounted <= {v["name"] for v in pod["volumes"]}, name
+        for where, volume in _mounts(pod).items():  # pod-local scratch only: Ray's logs, shared memory
+            if "emptyDir" in volume:
+                assert where in ("/tmp/ray", "/dev/shm"), (name, where)
+        assert pod.get("securityContext", {}).get("fsGroup") == 100, f"{name}: the image's `ray` user is in gid 100"
+    # the same paths in the manifest's own header commands
+    text = path.read_text(encoding="utf-8")
+    assert f"--set tracking.results_dir={_claim_mount(head, RESULTS_CLAIM)}" in text
+    assert f"--set resources.storage_path={shared_at}/tune" in text
+
+
+# --------------------------------------------------------------------------- the raysent image
+def dockerfile_instructions(text: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, its arguments) in order: comments dropped, backslash continuations joined."""
+    out: list[tuple[str, str]] = []
+    pending = ""
+    for line in text.splitlines():
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        if stripped.endswith("\\"):
+            pending += stripped[:-1] + " "
+            continue
+        word, _, rest = (pending + stripped).partition(" ")
+        out.append((word.upper(), rest.strip()))
+        pending = ""
+    assert not pending, "a continuation at the end of the file"
+    return out
+
+
+def _simple_commands(command: str) -> list[list[str]]:
+    """The words of each simple command in a shell line (split at ; && || |)."""
+    lexer = shlex.shlex(command, posix=True, punctuation_chars=";&|")
+    lexer.whitespace_split = True
+    out, words = [], []
+    for token in list(lexer) + [";"]:
+        if token and set(token) <= set(";&|"):
+            if words:
+                out.append(words)
+            words = []
+        else:
+            words.append(token)
+    return out
+
+
+def _pip_installs(run: str) -> list[list[str]]:
+    """The requirements (non-flag words) of each ``pip install`` in a RUN line."""
+    return [[w for w in words[2:] if not w.startswith("-")] for words in _simple_commands(run)
+            if words[:2] == ["pip", "install"]]
+
+
+def _pyproject_requirement(name: str):
+    from packaging.requirements import Requirement
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    (req,) = [r for r in map(Requirement, project["dependencies"]) if r.name == name]
+    return req, project["requires-python"]
+
+
+def test_dockerfile_builds_on_the_installed_ray_and_installs_torch_before_the_project():
+    from packaging.requirements import Requirement
+    from packaging.specifiers import SpecifierSet
+
+    steps = dockerfile_instructions(DOCKERFILE.read_text(encoding="utf-8"))
+    froms = [args for op, args in steps if op == "FROM"]
+    assert len(froms) == 1, froms
+    m = re.fullmatch(r"rayproject/ray:(?P<version>\d+\.\d+\.\d+)-py(?P<py>3)(?P<minor>\d+)-gpu", froms[0])
+    assert m, f"FROM {froms[0]}: not Ray's GPU image"
+    assert m["version"] == RAY_VERSION, f"FROM {froms[0]}: the installed ray is {RAY_VERSION}"
+    ray_req, requires_python = _pyproject_requirement("ray")
+    assert SpecifierSet(requires_python).contains(f"{m['py']}.{m['minor']}"), (froms[0], requires_python)
+
+    runs = [(i, args) for i, (op, args) in enumerate(steps) if op == "RUN"]
+    installs = [(i, req) for i, run in runs for reqs in _pip_installs(run) for req in reqs]
+    project_at = [i for i, req in installs if req == "."]
+    installs = [(i, Requirement(req)) for i, req in installs if req != "."]  # the rest are requirements
+    torch_at = [i for i, req in installs if req.name == "torch"]
+    assert len(project_at) == 1, "the project is installed once, from the build context (`pip install .`)"
+    assert torch_at and max(torch_at) < project_at[0], "torch before the project (which would pull the newest torch)"
+    assert not any("-e" in words or "--editable" in words for _, run in runs for words in _simple_commands(run)), \
+        "not editable: the image's raysent is its own, whatever the working directory"
+    # torch: the CPU tests' version (the local build's tag dropped), within pyproject.toml's range
+    torch_pins = {str(req.specifier) for _, req in installs if req.name == "torch"}
+    installed_torch = importlib.metadata.version("torch").split("+")[0]
+    assert torch_pins == {f"=={installed_torch}"}, torch_pins
+    assert _pyproject_requirement("torch")[0].specifier.contains(installed_torch)
+    # ray: pinned to the image's own, with pyproject.toml's extras
+    ray_pins = [req for _, req in installs if req.name == "ray"]
+    assert ray_pins and {str(r.specifier) for r in ray_pins} == {f"=={RAY_VERSION}"}, ray_pins
+    assert all(r.extras == ray_req.extras for r in ray_pins), (ray_pins, ray_req)
+    # `pip check` in the build, after the project's install
+    checks = [i for i, run in runs if ["pip", "check"] in _simple_commands(run)]
+    assert checks and max(checks) >= project_at[0], "`pip check` after the project is installed"
+    # what the build reads is copied before the install
+    copied_before = {src for i, (op, args) in enumerate(steps) if op == "COPY" and i < project_at[0]
+                     for src in _copy_sources(args)}
+    assert {"pyproject.toml", "README.md", "raysent"} <= copied_before, copied_before
+
+
+def _copy_sources(args: str) -> list[str]:
+    words = [w for w in shlex.split(args) if not w.startswith("--")]
+    return [w.rstrip("/") for w in words[:-1]]
+
+
+def _dockerignore_rules(text: str) -> list[tuple[bool, str, re.Pattern]]:
+    """(negated, pattern, regex) of each line, as Docker reads them (moby's patternmatcher): ``*`` and ``?`` within
+    one path element, ``**`` across elements, a leading ``!`` lets a path back in, leading/trailing ``/`` dropped."""
+    rules = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        negated = line.startswith("!")
+        pattern = (line[1:] if negated else line).strip().strip("/")
+        rx, i = "", 0
+        while i < len(pattern):
+            if pattern.startswith("**/", i):
+                rx, i = rx + "(?:.*/)?", i + 3
+            elif pattern.startswith("**", i):
+                rx, i = rx + ".*", i + 2
+            elif pattern[i] == "*":
+                rx, i = rx + "[^/]*", i + 1
+            elif pattern[i] == "?":
+                rx, i = rx + "[^/]", i + 1
+            else:
+                rx, i = rx + re.escape(pattern[i]), i + 1
+        rules.append((negated, pattern, re.compile(rx)))
+    return rules
+
+
+def dockerignored(rules, rel: str) -> bool:
+    """Whether Docker leaves ``rel`` (a path relative to the context) out: the last rule that matches it or one of
+    its parent folders decides."""
+    parts = rel.split("/")
+    prefixes = ["/".join(parts[:n]) for n in range(1, len(parts) + 1)]
+    out = False
+    for negated, _, rx in rules:
+        if any(rx.fullmatch(p) for p in prefixes):
+            out = not negated
+    return out
+
+
+def build_context(rules) -> list[str]:
+    """The files of the repository that ``docker build ... .`` sends (a folder left out is not walked unless a
+    ``!`` rule reaches inside it)."""
+    import os
+
+    files = []
+    for root, dirs, names in os.walk(REPO):
+        rel_root = Path(root).relative_to(REPO).as_posix()
+        rel_root = "" if rel_root == "." else rel_root + "/"
+        dirs[:] = [d for d in dirs if not dockerignored(rules, rel_root + d)
+                   or any(neg and pat.startswith(rel_root + d + "/") for neg, pat, _ in rules)]
+        files += [rel_root + n for n in names if not dockerignored(rules, rel_root + n)]
+    return sorted(files)
+
+
+def test_dockerignore_sends_only_what_the_dockerfile_copies():
+    """A lean image: the build context is the COPY sources of clusters/Dockerfile, no virtual environment, git
+    metadata, generated results or byte code."""
+    rules = _dockerignore_rules(DOCKERIGNORE.read_text(encoding="utf-8"))
+    for path in (".venv/bin/python", ".git/HEAD", "results/quick/summary.json", "results/mlflow.db",
+                 "results/mini/runs/x.json", "raysent.egg-info/PKG-INFO", "raysent/__pycache__/cli.cpython-311.pyc",
+                 "raysent/cli/__pycache__", "mlruns/0/meta.yaml", "tests/conftest.py", "docs/cluster.md"):
+        assert dockerignored(rules, path), f"{path} would be in the build context"
+    steps = dockerfile_instructions(DOCKERFILE.read_text(encoding="utf-8"))
+    sources = [src for op, args in steps if op == "COPY" for src in _copy_sources(args)]
+    context = build_context(rules)
+    for src in sources:
+        assert any(f == src or f.startswith(src + "/") for f in context), f"COPY {src}: not in the build context"
+    stray = [f for f in context if not any(f == s or f.startswith(s + "/") for s in sources)]
+    assert stray == [], f"sent to Docker but never copied: {stray}"
+    assert "raysent/cli/__init__.py" in context and "results/published.yaml" in context
+    size = sum((REPO / f).stat().st_size for f in context)
+    assert size < 20 * 2**20, f"build context of {size / 2**20:.1f} MiB"
+
+
+def test_dockerignore_matcher_follows_dockers_rules():
+    rules = _dockerignore_rules("*\n!keep/\n**/__pycache__\n!results/published.yaml\n")
+    assert dockerignored(rules, "other.txt") and dockerignored(rules, "results/quick/x.json")
+    assert not dockerignored(rules, "keep/a/b.py") and dockerignored(rules, "keep/a/__pycache__/b.pyc")
+    assert not dockerignored(rules, "results/published.yaml")
+
+
 # --------------------------------------------------------------------------- the pinned Ray version
 _PIP_RAY = re.compile(r"\bray(?:\[[^\]]*\])?==(?P<version>[0-9][0-9A-Za-z.+]*)")
 
@@ -488,16 +837,30 @@ def test_launcher_config_pins_the_installed_ray(path):
         "here: update the cluster configs (the nodes must run the ray that launches them)")
 
 
-def test_kuberay_manifest_pins_the_installed_ray():
-    doc = _load(CLUSTERS / "kuberay.yaml")
+def _raysent_release() -> str:
+    """raysent's version without a pre-release or dev suffix (0.2.0 for 0.2.0.dev0), read without importing it."""
+    from packaging.version import Version
+
+    text = (REPO / "raysent" / "__init__.py").read_text(encoding="utf-8")
+    return Version(re.search(r'^__version__ = "([^"]+)"', text, flags=re.M)[1]).base_version
+
+
+def test_kuberay_manifest_pins_the_installed_ray_and_runs_the_raysent_image():
+    doc = _raycluster()
     assert doc["spec"]["rayVersion"] == RAY_VERSION
-    images = [c["image"] for c in doc["spec"]["headGroupSpec"]["template"]["spec"]["containers"]]
-    images += [c["image"] for g in doc["spec"]["workerGroupSpecs"] for c in g["template"]["spec"]["containers"]]
-    versions = {m["version"] for m in map(_RAY_IMAGE.match, images) if m}
-    assert versions == {RAY_VERSION}, images
-    # the Dockerfile lines in its comments name the same base image
+    images = {c["image"] for _, pod in _pods(doc) for c in pod["containers"]}
+    # one image everywhere: the one clusters/Dockerfile builds, its tag naming the Ray inside
+    assert len(images) == 1, images
+    (image,) = images
+    m = re.fullmatch(rf"REGISTRY/raysent:(?P<version>\d+\.\d+\.\d+)-ray{re.escape(RAY_VERSION)}", image)
+    assert m, image
+    assert m["version"] == _raysent_release(), f"{image}: raysent is {_raysent_release()}"
+    assert not _RAY_IMAGE.match(image), "the stock image has neither raysent nor torch"
+    # the base image the comments name is the Dockerfile's
     text = (CLUSTERS / "kuberay.yaml").read_text(encoding="utf-8")
     assert set(re.findall(r"rayproject/ray:(\d+\.\d+\.\d+)", text)) == {RAY_VERSION}
+    assert f"docker build -f clusters/Dockerfile -t {image} ." in text
+    assert f"docker build -f clusters/Dockerfile -t {image} ." in DOCKERFILE.read_text(encoding="utf-8")
 
 
 def test_readme_names_the_installed_ray_version():
@@ -600,6 +963,76 @@ def test_readme_cluster_section_lists_the_commands_in_order():
         assert (REPO / name).is_file(), f"README names {name}, which does not exist"
     for name in set(re.findall(r"search_spaces/[\w.-]+\.yaml", section)):
         assert (REPO / name).is_file(), f"README names {name}, which does not exist"
+
+
+KUBERAY_DOCS = "**Kubernetes (KubeRay).**"
+
+
+def _kuberay_section() -> str:
+    section = _readme_section()
+    assert section.count(KUBERAY_DOCS) == 1, f"docs/cluster.md has no paragraph {KUBERAY_DOCS!r}"
+    return section.split(KUBERAY_DOCS, 1)[1]
+
+
+def _set_values(words: list[str]) -> dict[str, str]:
+    """``--set key=value`` pairs of a command's words."""
+    return dict(words[i + 1].split("=", 1) for i, w in enumerate(words[:-1]) if w == "--set")
+
+
+def test_kuberay_docs_commands_run_in_order_and_name_the_manifests_paths():
+    """The KubeRay commands a user runs, in order, name the image the manifest runs, the head's results mount, the
+    shared mount every pod has, and the cluster's names (its head service, token Secret, pod labels)."""
+    section = _kuberay_section()
+    lines = _code_lines(section)
+    doc = _raycluster()
+    name = doc["metadata"]["name"]
+    (image,) = {c["image"] for _, pod in _pods(doc) for c in pod["containers"]}
+    pods = dict(_pods(doc))
+    results_at, shared_at = _claim_mount(pods["head"], RESULTS_CLAIM), _claim_mount(pods["head"], SHARED_CLAIM)
+
+    def first(prefix: str) -> int:
+        found = [i for i, line in enumerate(lines) if line.startswith(prefix)]
+        assert found, f"the KubeRay part of docs/cluster.md has no `{prefix} ...` line: {lines}"
+        return found[0]
+
+    order = [first(f"docker build -f clusters/Dockerfile -t {image} ."), first(f"docker push {image}"),
+             first("kubectl apply -f clusters/kuberay.yaml"), first(f"kubectl port-forward service/{name}-head-svc "),
+             first("export RAY_AUTH_TOKEN="), first("ray job submit "), first("kubectl cp "),
+             first(f"kubectl delete raycluster {name}"), first("kubectl delete -f clusters/kuberay.yaml")]
+    assert order == sorted(order), [lines[i] for i in order]
+    assert lines[first("kubectl delete -f clusters/kuberay.yaml")] == "kubectl delete -f clusters/kuberay.yaml"
+
+    # the job: the head's results mount and the shared mount, as the manifest has them
+    (submit,) = [line for line in lines if line.startswith("ray job submit ")]
+    (words,) = _ray_invocations(submit)
+    entry = words[words.index("--") + 1:]
+    assert entry[:3] == ["raysent", "tune", "search_spaces/sgopt.yaml"] and "--address" in entry, entry
+    assert entry[entry.index("--address") + 1] == "auto"
+    sets = _set_values(entry)
+    assert sets["tracking.results_dir"] == results_at, (sets, results_at)
+    assert sets["resources.storage_path"].startswith(shared_at + "/"), (sets, shared_at)
+    # the cluster starts with its head alone: the MLflow server must be up before the first GPU pod joins
+    assert sets["tracking.server"] == "always"
+    assert words[words.index("--address") + 1] == "http://127.0.0.1:8265"
+
+    # the results are fetched from where the driver wrote them, from the pod the labels pick
+    head_mounts = set(_mounts(pods["head"]))
+    for line in lines:
+        if line.startswith("kubectl cp "):
+            remote = [w.split(":", 1)[1] for w in shlex.split(line)[2:] if w.startswith("$HEAD:")]
+            assert remote and all(any(r == m or r.startswith(m + "/") for m in head_mounts) for r in remote), line
+    assert any(f"$HEAD:{results_at}" in line for line in lines if line.startswith("kubectl cp ")), "fetch the results"
+    assert f"-l ray.io/cluster={name},ray.io/node-type=head" in section
+    assert f"kubectl get secret {name} " in section
+    for path in set(re.findall(r"`(/home/ray/[\w/.-]+)`", section)):  # every path the prose names exists there
+        assert any(path == m or path.startswith(m + "/") for m in head_mounts | {"/etc/raysent"}), path
+    for placeholder in ("REGISTRY", "RWX_STORAGE_CLASS"):
+        assert placeholder in section and placeholder in (CLUSTERS / "kuberay.yaml").read_text(encoding="utf-8")
+    # how many GPUs a search uses, as the manifest has them
+    assert "24 GPUs" in section and "RAYSENT_AUTOSCALING_CONFIG" in section
+    for line in lines:
+        for f in re.findall(r"(?:-f|--file) (\S+)", line):
+            assert (REPO / f).is_file(), line
 
 
 @pytest.mark.slow  # runs ray's own code (imports ray)
