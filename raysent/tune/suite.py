@@ -36,8 +36,8 @@ from raysent.errors import ConfigError, Interrupted, RaysentError
 from raysent.methods.spec import get_spec
 from raysent.models.locate import resolve_model
 from raysent.report.compare import ComparisonResult, Side, compare
-from raysent.report.runs import Run, load_experiment
 from raysent.report.published import default_file as default_published_file
+from raysent.report.runs import Run, load_experiment
 from raysent.tune.cost import Estimate, estimate_seconds
 from raysent.tune.driver import experiment_dir, tune_experiment
 from raysent.tune.state import SearchState
