@@ -271,6 +271,7 @@ def test_wilcoxon_pruning_search_records_stops_and_publishes_its_budget_curve(ra
 GP_SEARCH = """\
   algorithm: optuna-gp
   n_startup_trials: 1
+  max_concurrent_trials: 1  # one after another: a trial asked while the first still runs is another random start
   warm_start: none
   seed: 3
   num_samples: 3
