@@ -29,12 +29,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
-import os
 import re
-import shutil
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -189,28 +184,3 @@ def _versions() -> dict[str, str]:
     except importlib.metadata.PackageNotFoundError:
         out["sentence_transformers"] = "6.0.0"  # the layout's version (the package itself is not installed here)
     return out
-
-
-@contextmanager
-def replaced_whole(out: str | Path) -> Iterator[Path]:
-    """A new folder beside ``out`` to write a model into; when the block ends it takes ``out``'s place in one
-    rename (an earlier export there is replaced whole), and when the block raises it is deleted, leaving ``out`` as
-    it was: a failed export leaves no half-written model that ``SentenceTransformer(out)`` would load."""
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        tmp.chmod(0o777 & ~umask)  # as a folder made with mkdir would be (mkdtemp makes it private)
-        yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    old = None
-    if out.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".replaced", dir=out.parent))
-        os.replace(out, old / out.name)
-    os.replace(tmp, out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)

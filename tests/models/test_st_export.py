@@ -118,6 +118,8 @@ def test_raysent_export_rewrites_a_model_for_sentence_transformers(tiny_bert, tm
     out = tmp_path / "exported"
     cli_in_process("export", tiny_bert, str(out), "--pooling", "last2_avg")
     model, said = loaded_quietly(str(out), trust=False)
+    # the export's manifest of its files (raysent/cli/export.py) is in no loader's way
+    assert (out / ".raysent-export.json").is_file() and not [w for w in WARNINGS if w in said.lower()], said
     want = raysent.load(out).encode(SENTENCES)
     assert cosines(model.encode(SENTENCES), want).min() > 1 - 1e-5
     assert (out / "README.md").is_file() and "last2_avg" in (out / "README.md").read_text()
