@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import os
 import socket
+import sqlite3
 import sys
 import tempfile
+import time
 import urllib.request
 from pathlib import Path
 from types import ModuleType
@@ -22,6 +24,7 @@ from urllib.parse import urlparse
 
 from raysent.config import ExperimentConfig, with_overrides
 from raysent.data import DATASETS, STS_TASKS, load
+from raysent.data.datasets import check_scores_vary
 from raysent.data.transfer import load_task, task_names
 from raysent.errors import RaysentError, advice, set_field
 from raysent.io import not_a_folder
@@ -147,20 +150,31 @@ def check_data(cfg: ExperimentConfig) -> dict[str, Any]:
         if spec in rows:
             continue
         try:
-            rows[spec] = len(load(spec, "scored_pairs"))
+            dev = load(spec, "scored_pairs")
+            check_scores_vary(dev, "a dev set (data.dev: the best checkpoint is chosen by its Spearman)")
+            rows[spec] = len(dev)
         except RaysentError as exc:
             problems.append(f"data.dev: {exc}")
     for field, spec in test_sets(cfg):
         if spec in rows:
             continue
         try:
-            rows[spec] = len(load_task(spec.removeprefix("senteval:"))) if spec.startswith("senteval:") else len(
-                load(spec, "scored_pairs"))
+            if spec.startswith("senteval:"):
+                rows[spec] = len(load_task(spec.removeprefix("senteval:")))
+                continue
+            test = load(spec, "scored_pairs")
+            if field in CORRELATED_TEST_FIELDS:
+                check_scores_vary(test, f"a test set ({field}: scored by the correlation of cosines with them)")
+            rows[spec] = len(test)
         except RaysentError as exc:
             problems.append(f"{field} (the final phase's test sets): {exc}")
     if problems:
         raise PreflightError("; ".join(problems))
     return rows
+
+
+# the test sets whose number is a correlation with the gold scores (search and geometry read pairs by their score)
+CORRELATED_TEST_FIELDS = ("eval.sts_sets", "eval.sts17_tracks")
 
 
 def test_sets(cfg: ExperimentConfig) -> list[tuple[str, str]]:
@@ -260,6 +274,8 @@ def check_mlflow_store(cfg: ExperimentConfig) -> str:
             raise PreflightError(f"{field}: the MLflow store {path} cannot be written (read-only). Point "
                                  f"{field} at a writable store ({set_field('tracking.mlflow_uri', 'URI')} or "
                                  f"{set_field('tracking.results_dir')})")
+        if uri.startswith("sqlite:"):
+            check_sqlite_store(path, field, cfg.tracking.results_dir)
         return redact(uri)
     if uri.startswith(("http://", "https://")):
         try:
@@ -271,6 +287,44 @@ def check_mlflow_store(cfg: ExperimentConfig) -> str:
             raise PreflightError(f"{field}: the MLflow tracking server {redact(uri)} does not answer ({reason}). "
                                  f"Start it, fix the URI, or turn tracking off ({off})") from None
     return redact(uri)
+
+
+# how long sqlite's quick_check may take on a local MLflow store: it reads every page, ~0.12 s for a store of 96 MB
+# (400,000 metric values; a warm page cache, 2026-12-03); a bigger store is checked as far as this allows
+SQLITE_CHECK_SECONDS = 1.0
+
+
+def check_sqlite_store(path: Path, field: str, results_dir: str | Path = "results") -> str:
+    """A local sqlite MLflow store that exists is a whole sqlite database: opened read-only, ``PRAGMA quick_check``
+    (every page read, the b-trees' structure checked, no index compared with its table). A damaged one (a copy cut
+    short, a disk that filled) is one error naming it, not SQLAlchemy's traceback ("database disk image is
+    malformed") in every trial. None there, or an empty file, is a store MLflow makes; a locked or busy one is left
+    to MLflow (it waits for it)."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return "new"
+    deadline = time.perf_counter() + SQLITE_CHECK_SECONDS
+    try:
+        con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=1.0)
+        try:
+            con.set_progress_handler(lambda: int(time.perf_counter() > deadline), 10_000)
+            found = [str(row[0]) for row in con.execute("PRAGMA quick_check(3)")]
+        finally:
+            con.close()
+    except sqlite3.DatabaseError as exc:
+        name = getattr(exc, "sqlite_errorname", "")
+        if name == "SQLITE_INTERRUPT":
+            return f"checked for {SQLITE_CHECK_SECONDS:g} s (not to its end)"
+        if isinstance(exc, sqlite3.OperationalError) and name not in ("SQLITE_CORRUPT", "SQLITE_NOTADB"):
+            return f"not checked ({exc})"  # locked, busy: MLflow waits for it
+        found = [str(exc)]
+    if found == ["ok"]:
+        return "ok"
+    raise PreflightError(
+        f"{field}: the MLflow store {path} is damaged (sqlite: {'; '.join(found)[:300]}), so MLflow cannot log to "
+        f"it. Fix: move it aside (`mv {path} {path}.damaged`): the next run makes a new, empty store there. The run "
+        f"records ({Path(results_dir) / '<experiment>' / 'runs'}/*.json, which `raysent table` reads) are files of "
+        f"their own and unharmed; the MLflow runs logged before are only in the damaged file. Or point {field} at "
+        f"another store ({set_field('tracking.mlflow_uri', 'URI')})")
 
 
 def preflight(cfg: ExperimentConfig, resources: bool = True, output_dir: bool = False,

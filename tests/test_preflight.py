@@ -5,6 +5,7 @@ Ray starts; a search whose first trials all fail the same way stops with that on
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pytest
@@ -66,6 +67,128 @@ def test_a_model_folder_without_weights_is_named_as_such(tmp_path):
         assert "hub" not in str(exc.value)
     with pytest.raises(ModelError, match=r"model folder .*/gone does not exist"):
         check_model(str(tmp_path / "gone"))
+
+
+def _small_config(tmp_path, **over):
+    """A run preflight checks quickly: one training set, STS-B as the only test set."""
+    from raysent.config import parse_config
+
+    raw = {"name": "p", "method": "simcse-unsup", "model": {"name": RAW_BERT},
+           "data": {"train": "stsb:dev", "max_train_samples": 100}, "train": {"batch_size": 16},
+           "eval": {"sts_sets": ["stsb"]}, "tracking": {"results_dir": str(tmp_path / "results")}}
+    for key, value in over.items():
+        raw[key] = {**raw.get(key, {}), **value}
+    return parse_config(raw)
+
+
+@pytest.mark.shared
+def test_a_truncated_model_is_refused_by_preflight_and_raysent_eval_naming_the_file(tmp_path):
+    """Issue 60: a model.safetensors cut short passed every check; each trial then died with a 60-line traceback
+    that never named the file, and `raysent eval` on it was a raw traceback."""
+    folder = tmp_path / RAW_BERT
+    shutil.copytree(SHARED / "models" / RAW_BERT, folder)
+    weights = folder / "model.safetensors"
+    weights.chmod(0o644)
+    whole = weights.stat().st_size
+    os.truncate(weights, 4 * 1024 * 1024)
+    want = (f"the weights file {weights} is truncated or damaged: its header describes {whole:,} bytes, the file "
+            f"has {4 * 1024 * 1024:,}")
+    with pytest.raises(PreflightError) as err:
+        preflight(_small_config(tmp_path, model={"name": str(folder)}), resources=False)
+    assert want in str(err.value) and "copy it again" in str(err.value)
+    with pytest.raises(ModelError, match="truncated or damaged"):  # loading it: the same error, before the weights
+        Encoder.load(str(folder))
+    proc = cli_in_process("eval", "--model", str(folder), check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith(f"raysent: error: {want}"), proc.stderr
+
+
+def _sqlite_store(path):
+    """A sqlite file laid out as a store with some tables and rows (MLflow's names), of a few hundred KB."""
+    import sqlite3
+
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE experiments (experiment_id INTEGER PRIMARY KEY, name TEXT UNIQUE)")
+    con.execute("CREATE TABLE runs (run_uuid TEXT PRIMARY KEY, experiment_id INTEGER, status TEXT)")
+    con.execute("CREATE TABLE metrics (key TEXT, value REAL, step INTEGER, run_uuid TEXT, "
+                "PRIMARY KEY (key, step, run_uuid))")
+    con.execute("INSERT INTO experiments VALUES (0, 'Default')")
+    con.executemany("INSERT INTO runs VALUES (?, 0, 'FINISHED')", [(f"run{i:04d}",) for i in range(100)])
+    con.executemany("INSERT INTO metrics VALUES (?, ?, ?, ?)",
+                    [(f"dev/stsb:dev{k}", 0.5 + s / 1000, s, f"run{r:04d}") for r in range(100) for s in range(20)
+                     for k in range(3)])
+    con.commit()
+    con.close()
+
+
+def test_a_damaged_sqlite_mlflow_store_is_refused_naming_it(tmp_path):
+    """Issue 60: an mlflow.db cut short to 4 KB gave SQLAlchemy's traceback "database disk image is malformed" in
+    every trial; preflight checked only that the file could be written."""
+    import time
+
+    from raysent.preflight import check_mlflow_store, check_sqlite_store
+
+    cfg = _small_config(tmp_path)
+    store = tmp_path / "results" / "mlflow.db"
+    assert check_mlflow_store(cfg).endswith("mlflow.db")  # none yet: MLflow makes it
+    store.parent.mkdir()
+    _sqlite_store(store)
+    assert store.stat().st_size > 50 * 4096
+    started = time.perf_counter()
+    assert check_sqlite_store(store, "tracking.results_dir") == "ok"
+    assert time.perf_counter() - started < 1.0
+    os.truncate(store, 4096)
+    with pytest.raises(PreflightError) as err:
+        check_mlflow_store(cfg)
+    said = str(err.value)
+    assert said.startswith(f"tracking.results_dir: the MLflow store {store} is damaged (sqlite: database disk image "
+                           "is malformed)"), said
+    assert f"mv {store} {store}.damaged" in said and f"{tmp_path / 'results'}/<experiment>/runs/*.json" in said
+    store.write_bytes(b"not a database, " * 512)  # another file in its place
+    with pytest.raises(PreflightError, match=r"is damaged \(sqlite: file is not a database\)"):
+        check_mlflow_store(cfg)
+
+
+@pytest.mark.shared
+def test_a_damaged_mlflow_store_is_one_line_of_preflight(tmp_path):
+    cfg = _small_config(tmp_path)
+    store = tmp_path / "results" / "mlflow.db"
+    store.parent.mkdir()
+    _sqlite_store(store)
+    os.truncate(store, 4096)
+    with pytest.raises(PreflightError, match=f"checked before any training: tracking.results_dir: the MLflow store "
+                                             f"{store} is damaged"):
+        preflight(cfg, resources=False, mlflow=True)
+    preflight(cfg, resources=False)  # `raysent train` logs to no store: not its problem
+
+
+@pytest.mark.shared
+def test_dev_and_test_sets_whose_gold_scores_are_all_equal_are_refused_naming_the_file(tmp_path, monkeypatch):
+    """Issue 60: constant gold scores make Spearman NaN, so no checkpoint was ever best ("dev -inf") and the final
+    phase failed on a missing best/ folder. A dev set (a user's file) and a local STS-B test copy whose scores are all
+    equal are refused before any trial, each naming its file; search data read by label is not."""
+    rows = (SHARED / "data" / "sts" / "STSB" / "test.tsv").read_text(encoding="utf-8").splitlines()
+    flat = [rows[0]] + ["3.0\t" + r.split("\t", 1)[1] for r in rows[1:]]
+    dev = tmp_path / "dev.tsv"
+    dev.write_text("\n".join(flat[:60]) + "\n", encoding="utf-8")
+    data = tmp_path / "data"
+    (data / "sts" / "STSB").mkdir(parents=True)
+    for split in ("train", "dev"):
+        (data / "sts" / "STSB" / f"{split}.tsv").symlink_to(SHARED / "data" / "sts" / "STSB" / f"{split}.tsv")
+    test = data / "sts" / "STSB" / "test.tsv"
+    test.write_text("\n".join(flat) + "\n", encoding="utf-8")
+    monkeypatch.setenv("RAYSENT_DATA_DIR", str(data))
+    cfg = _small_config(tmp_path, data={"dev": [f"path:{dev}"]})
+    with pytest.raises(PreflightError) as err:
+        preflight(cfg, resources=False)
+    said = str(err.value)
+    assert f"data.dev: {dev}: every gold score is 3 (59 pair(s))" in said and "a dev set" in said, said
+    assert f"eval.sts_sets (the final phase's test sets): {test}: every gold score is 3 (1,379 pair(s))" in said
+    assert "NaN" in said and said.startswith("checked before any training: data.dev: ")
+    # pairs read by their score (search's relevant pairs) may all be scored alike
+    searched = _small_config(tmp_path, data={"dev": ["stsb:dev"]},
+                             eval={"tasks": ["search"], "search_data": f"path:{dev}"})
+    assert preflight(searched, resources=False)["data"][f"path:{dev}"] == 59
 
 
 @pytest.mark.slow  # CLI subprocesses (~15 s)

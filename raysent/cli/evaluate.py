@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 from raysent.cli.common import EPILOG, add_schema_options, json_default, split_list
 from raysent.config import EvalConfig
@@ -82,6 +83,31 @@ def _eval_config(args, tasks: list[str]) -> EvalConfig:
         raise RaysentError(f"--{str(err['loc'][0]).replace('_', '-')} {err.get('input')!r}: {err['msg']}") from None
 
 
+def check_model_files(model: str) -> None:
+    """A local model folder that cannot load (no config.json, weights cut short: :func:`raysent.models.locate.
+    check_weights`) is refused from its files, in milliseconds, before torch is imported and the weights read."""
+    from raysent.models.locate import check_weights, resolve_model
+
+    where, _ = resolve_model(model)
+    if Path(where).is_dir():
+        check_weights(where)
+
+
+def _dev_sets(args, tasks: list[str]) -> dict:
+    """``--split dev``: the --dev sets, read and checked (a set whose gold scores are all equal is refused) before
+    the model loads."""
+    if tasks != ["sts"]:
+        raise RaysentError(f"--split dev evaluates the model-selection sets (--dev) only; it cannot be combined "
+                           f"with --tasks {','.join(tasks)}")
+    from raysent.data.datasets import check_scores_vary, load
+    from raysent.eval.sts import DEV_USE
+
+    sets = {spec: load(spec, "scored_pairs") for spec in args.dev}
+    for data in sets.values():
+        check_scores_vary(data, DEV_USE)
+    return sets
+
+
 def run(args) -> int:
     started = time.perf_counter()
     from raysent.eval.suite import check_tasks
@@ -93,6 +119,8 @@ def run(args) -> int:
                            "be combined with --tasks or --pooling")
     if args.plot and not args.layers:
         raise RaysentError("--plot writes the --layers grid; add --layers")
+    check_model_files(args.model)
+    dev_sets = _dev_sets(args, tasks) if args.split == "dev" and not args.layers else None
     from raysent.api import evaluate, load
     from raysent.eval.results import StsResult
     from raysent.eval.sts import TASK_LABELS, evaluate_dev, format_table
@@ -113,12 +141,9 @@ def run(args) -> int:
     # the tokens per sentence: --max-length, else what the model was exported with (raysent.json), else 256
     encoder = load(args.model, pooling=args.pooling, max_length=args.max_length, batch_size=args.batch_size)
     progress = None if args.format == "json" else (lambda m: print(m, file=sys.stderr))
-    if args.split == "dev":
-        if tasks != ["sts"]:
-            raise RaysentError(f"--split dev evaluates the model-selection sets (--dev) only; it cannot be combined "
-                               f"with --tasks {','.join(tasks)}")
+    if dev_sets is not None:
         res = {"model": args.model, "pooling": encoder.pooling, "split": "dev",
-               **evaluate_dev(encoder.encode, args.dev)}
+               **evaluate_dev(encoder.encode, args.dev, sets=dev_sets)}
         if args.format == "json":
             print(json.dumps(res, indent=2))
         else:

@@ -34,7 +34,7 @@ from typing import Any, Literal, cast, overload
 
 import numpy as np
 
-from raysent.data.readers import read_lines, read_table
+from raysent.data.readers import read_lines, read_table, refuse_constant_scores
 from raysent.data.senteval_archive import (
     SICK_FILES,
     STS_FOLDERS,
@@ -177,6 +177,9 @@ class DatasetDecl:
     # split -> the rows of the full set where the local copy is a sample (wiki1m: 1M; nli-triplets: about 275k,
     # SimCSE §5.1): what a run reads from the hub, for the estimate of a dry run (not checked)
     full_rows: dict[str, int] = field(default_factory=dict)
+    # scored pairs whose gold scores are correlated with cosines (STS): a file whose scores are all equal is refused
+    # (the correlation is NaN); False for pairs read by label (search's relevant pairs, geometry's positive pairs)
+    correlated: bool = True
 
 
 # SimCSE's data (Gao et al. 2021): its training files and SentEval's evaluation data (senteval.tar). The commit is the
@@ -269,6 +272,7 @@ DATASETS: dict[str, DatasetDecl] = {
                                 config="pair-class", columns=(("score", "label"),))},
         default_split="train",
         score_range=(0.0, 1.0),
+        correlated=False,
     ),
     "sts-unlabeled": DatasetDecl(
         name="sts-unlabeled",
@@ -523,6 +527,8 @@ def _read_local(decl: DatasetDecl, split: str, files: list[Path]) -> Data:
         s1, s2, scores, subsets = [], [], [], []
         for f in files:
             t = read_table(f, ["score", "sentence1", "sentence2"], numeric={"score": decl.score_range})
+            if decl.correlated:
+                refuse_constant_scores(f, t["score"], correlation_use(f"{decl.name}:{split}"))
             s1 += t["sentence1"]
             s2 += t["sentence2"]
             scores += t["score"]
@@ -568,9 +574,13 @@ def _read_hub(decl: DatasetDecl, split: str, hub: HubSource) -> Data:
         else:
             pairs = read_sick(path, split, where, decl.score_range)
             member = SICK_FILES[split]
-        data: Data = ScoredPairs(name=what, source=f"{where}/{member}", sentence1=pairs.sentence1,
-                                 sentence2=pairs.sentence2, scores=np.asarray(pairs.scores, dtype=np.float64),
-                                 subsets=pairs.subsets, notes=[hub.note] if hub.note else [])
+        scored = ScoredPairs(name=what, source=f"{where}/{member}", sentence1=pairs.sentence1,
+                             sentence2=pairs.sentence2, scores=np.asarray(pairs.scores, dtype=np.float64),
+                             subsets=pairs.subsets, notes=[hub.note] if hub.note else [])
+        if decl.correlated:  # STS12-16: each sub-set's gold file named
+            gold = {s: f"{where}/{member}/STS.gs.{s}.txt" for s in decl.subsets}
+            check_scores_vary(scored, correlation_use(what), gold if hub.reader == "senteval_sts" else None)
+        data: Data = scored
         check_size(decl, split, data, f"{where}/{member}")
         return data
     if hub.reader == "file":
@@ -614,6 +624,8 @@ def _read_datasets_folder(decl: DatasetDecl, split: str, hub: HubSource, folder:
     if decl.kind == "scored_pairs":
         s1, s2, scores = col("sentence1"), col("sentence2"), col("score")
         check_rows(what, source, s1, s2, scores, decl.score_range)
+        if decl.correlated:
+            refuse_constant_scores(f"{what}: {source}", scores, correlation_use(what))
         return ScoredPairs(name=what, source=source, sentence1=[str(x).strip() for x in s1],
                            sentence2=[str(x).strip() for x in s2], scores=np.asarray(scores, dtype=np.float64),
                            subsets=[""] * len(scores), notes=[hub.note] if hub.note else [])
@@ -636,6 +648,28 @@ def check_rows(what: str, source: str, s1: list, s2: list, scores: list, score_r
             raise DataError(f"{what}: {source} row {i}: score {y!r} is not a number in [{lo:g}, {hi:g}]")
     if not s1:
         raise DataError(f"{what}: {source} holds no rows")
+
+
+def correlation_use(what: str) -> str:
+    """What a declared STS set is for, as :func:`refuse_constant_scores` says it."""
+    return f"{what} (an STS set: its gold scores are correlated with a model's cosines, to select and to test)"
+
+
+def check_scores_vary(data: ScoredPairs, use: str, files: dict[str, str] | None = None) -> None:
+    """Refuse scored pairs whose gold scores are all equal (the whole set, or one of its sub-sets: STS12-16's
+    ``mean`` and ``wmean`` correlate each sub-set): their correlation with any model's cosines is NaN. The error
+    names the file (``files``: each sub-set's; a local copy's sub-set: its own file) and says what the pairs were read
+    for (``use``)."""
+    names = list(dict.fromkeys(data.subsets))
+    if not (len(names) > 1 or (names and names[0])):
+        refuse_constant_scores(data.source, data.scores, use)
+        return
+    if files is None:  # a local copy: one file a sub-set, in the order of the source
+        parts = data.source.split(" + ")
+        files = dict(zip(names, parts)) if len(parts) == len(names) else {}
+    subset = np.asarray(data.subsets)
+    for name in names:
+        refuse_constant_scores(files.get(name, f"{data.source} (sub-set {name})"), data.scores[subset == name], use)
 
 
 # --------------------------------------------------------------------------- user files

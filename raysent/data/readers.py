@@ -126,6 +126,19 @@ def read_table(
     return out
 
 
+def refuse_constant_scores(where: str | Path, scores, use: str = "an STS set") -> None:
+    """Refuse gold scores that are all equal: their correlation with any model's cosines is undefined (Spearman and
+    Pearson are NaN), so no checkpoint could be chosen on them and no test number computed. ``where``: the file (or
+    hub source) they were read from; ``use``: what they were read for."""
+    values = [float(v) for v in scores]
+    if values and all(v == values[0] for v in values):
+        raise DataError(
+            f"{where}: every gold score is {values[0]:g} ({len(values):,} pair(s)): a correlation with scores that "
+            f"do not vary is undefined (NaN), so it cannot serve as {use}. Fix: use a file whose pairs have "
+            "different gold scores (the whole split, or a sample of it that kept scores of every level)"
+        )
+
+
 def read_lines(path: str | Path) -> list[str]:
     """One sentence per line; blank lines are skipped. Empty files are an error."""
     path = Path(path)

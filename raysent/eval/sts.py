@@ -16,6 +16,7 @@ Every distinct sentence of the requested sets is embedded once (:class:`Embedder
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from typing import cast
@@ -24,11 +25,15 @@ import numpy as np
 from scipy import stats
 
 from raysent.data import STS_TASKS, ScoredPairs, load
+from raysent.data.datasets import check_scores_vary
 from raysent.errors import DataError
 from raysent.eval.results import AGGREGATIONS, Aggregation, PairScores, StsResult, StsSetScore, SubsetScore
 from raysent.eval.results import STS_LABELS as TASK_LABELS
 
-__all__ = ["AGGREGATIONS", "TASK_LABELS", "evaluate_dev", "evaluate_sts", "format_table", "score_pairs"]
+__all__ = ["AGGREGATIONS", "TASK_LABELS", "evaluate_dev", "evaluate_sts", "format_table", "nan_dev_sets",
+           "score_pairs"]
+
+DEV_USE = "a dev set (the best checkpoint is chosen by its Spearman)"
 
 
 def pair_cosines(vectors: dict[str, np.ndarray], data: ScoredPairs) -> np.ndarray:
@@ -84,6 +89,8 @@ def evaluate_sts(
     agg = cast(Aggregation, aggregation)
     t0 = time.perf_counter()
     sets = {t: load(t, "scored_pairs") for t in tasks}
+    for data in sets.values():
+        check_scores_vary(data, "an STS test set (scored by the Spearman correlation of cosines with them)")
     if agg != "all":
         for name, data in sets.items():
             if name in STS_TASKS[:5] and not any(data.subsets):
@@ -102,12 +109,23 @@ def evaluate_sts(
 
 def evaluate_dev(encode: Callable[[Sequence[str]], np.ndarray], specs: Sequence[str] = ("stsb:dev",),
                  sets: dict[str, ScoredPairs] | None = None) -> dict[str, float]:
-    """Model selection: Spearman ×100 on each dev set (``dev/<set>``) and their mean (``dev_spearman``)."""
+    """Model selection: Spearman ×100 on each dev set (``dev/<set>``) and their mean (``dev_spearman``). A dev set
+    whose gold scores are all equal is refused (:class:`DataError` naming its file): its Spearman is NaN whatever
+    the model, so no checkpoint could be chosen on it. A NaN left is the model's (its cosines all equal, or not
+    numbers): see :func:`nan_dev_sets`."""
     sets = sets if sets is not None else {s: load(s, "scored_pairs") for s in specs}
+    for data in sets.values():
+        check_scores_vary(data, DEV_USE)
     scored = _score_sets(encode, sets)
     out = {f"dev/{name}": r.spearman_all for name, r in scored.items()}
     out["dev_spearman"] = float(np.mean(list(out.values())))
     return out
+
+
+def nan_dev_sets(scores: dict[str, float]) -> list[str]:
+    """The dev sets (``dev/<set>`` of :func:`evaluate_dev`) whose Spearman is NaN."""
+    return [k.removeprefix("dev/") for k, v in scores.items()
+            if k.startswith("dev/") and isinstance(v, float) and math.isnan(v)]
 
 
 def _score_sets(encode: Callable[[Sequence[str]], np.ndarray], sets: dict[str, ScoredPairs],

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import struct
+import zipfile
 from pathlib import Path
 
 from raysent.errors import ModelError, advice
@@ -48,16 +49,21 @@ def resolve_model(name: str, revision: str | None = None) -> tuple[str, list[str
     if path.is_dir():
         if (path / "config.json").is_file():
             return str(path), looked
-        raise ModelError(f"{path}: a folder without config.json is not a model saved with save_pretrained")
+        raise no_config(name, path, "")
     if name.startswith((".", "/", "~")):  # a path, not a hub id: the hub is no place to look for it
         raise ModelError(f"model folder {path} does not exist")
     looked.append(str(path))
     root = os.environ.get("RAYSENT_MODEL_DIR")
     if root:
+        incomplete: Path | None = None  # a folder of that name without config.json
         for cand in dict.fromkeys([Path(root) / name, Path(root) / name.rstrip("/").split("/")[-1]]):
             if (cand / "config.json").is_file():
                 return str(cand), looked
+            if cand.is_dir() and incomplete is None:
+                incomplete = cand
             looked.append(str(cand))
+        if incomplete is not None:  # not "not found", nor another copy from the cache or the hub in its place
+            raise no_config(name, incomplete, " (under RAYSENT_MODEL_DIR)")
     else:
         looked.append("$RAYSENT_MODEL_DIR (not set)")
     packaged = _packaged_model_dir(name)
@@ -68,6 +74,15 @@ def resolve_model(name: str, revision: str | None = None) -> tuple[str, list[str
         return str(snapshot), looked
     looked.append(f"the Hugging Face cache ({hub_cache_dir()}: {name} at {revision or 'main'})")
     return name, looked
+
+
+def no_config(name: str, folder: Path, how: str) -> ModelError:
+    """A model's folder was found, but it holds no config.json: the file named, and what a model folder needs."""
+    return ModelError(f"model '{name}': found the folder {folder}{how}, but it has no config.json, so it is not a "
+                      "model folder: a model folder (as save_pretrained writes it) holds config.json, the tokenizer's "
+                      "files (tokenizer.json or vocab.txt, tokenizer_config.json) and the weights (model.safetensors "
+                      "or pytorch_model.bin, or their shards with an index). Copy the whole folder again, or point "
+                      "at the folder that has them")
 
 
 def is_hub_id(name: str) -> bool:
@@ -97,7 +112,10 @@ def locate_model(name: str, revision: str | None = None) -> tuple[str, list[str]
     (the files :data:`MODEL_FILES` names and the weights): always a local folder, or a :class:`ModelError` that says
     where it looked and what to do."""
     where, looked = resolve_model(name, revision)
-    if Path(where).is_dir() or not is_hub_id(name):
+    if Path(where).is_dir():
+        check_weights(where)
+        return where, looked
+    if not is_hub_id(name):
         return where, looked
     short = name.rstrip("/").split("/")[-1]
     if hub_offline():
@@ -114,6 +132,7 @@ def locate_model(name: str, revision: str | None = None) -> tuple[str, list[str]
     weights = ["*.safetensors"] if any(f.endswith(".safetensors") for f in files) else ["pytorch_model*.bin"]
     folder, _ = fetch_snapshot(name, revision, f"model '{name}'", repo_type="model",
                                allow_patterns=MODEL_FILES + weights, error=ModelError)
+    check_weights(folder)
     return str(folder), looked
 
 
@@ -151,9 +170,103 @@ def fix(short: str) -> str:
 def _safetensors_keys(path: Path) -> list[str]:
     """The tensor names of a safetensors file, read from its header (8 bytes of length, then JSON): no weights
     loaded."""
+    return [k for k in safetensors_header(path) if k != "__metadata__"]
+
+
+def safetensors_header(path: Path) -> dict:
+    """The header of a safetensors file, checked against the file's size: 8 bytes (little-endian) of header length
+    N, N bytes of JSON, then the data, which every tensor's ``data_offsets`` must lie in and the last one must end
+    (the safetensors format; the library refuses a file whose data is shorter or longer, as a copy cut short is).
+    A :class:`ModelError` naming the file, the bytes expected and found, and the fix; no weights read."""
+    found = path.stat().st_size
     with path.open("rb") as f:
-        (size,) = struct.unpack("<Q", f.read(8))
-        return [k for k in json.loads(f.read(size)) if k != "__metadata__"]
+        head = f.read(8)
+        if len(head) < 8:
+            raise damaged_weights(path, f"{found} byte(s), fewer than the 8 of a safetensors header's length")
+        (n,) = struct.unpack("<Q", head)
+        if 8 + n > found:
+            raise damaged_weights(path, f"its header alone needs {8 + n:,} bytes (8 of length, {n:,} of JSON), the "
+                                  f"file has {found:,} (truncated)")
+        raw = f.read(n)
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise damaged_weights(path, f"its {n:,}-byte header is not valid JSON ({exc})") from None
+    if not isinstance(header, dict):
+        raise damaged_weights(path, "its header is not a JSON object of tensors")
+    end = 0
+    for key, info in header.items():
+        if key == "__metadata__":
+            continue
+        offsets = info.get("data_offsets") if isinstance(info, dict) else None
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)
+                and 0 <= offsets[0] <= offsets[1]):
+            raise damaged_weights(path, f"tensor {key!r} has no valid data_offsets in its header ({offsets!r})")
+        end = max(end, offsets[1])
+    expected = 8 + n + end
+    if found < expected:
+        raise damaged_weights(path, f"its header describes {expected:,} bytes, the file has {found:,} "
+                              f"(truncated: {expected - found:,} bytes missing)")
+    if found > expected:
+        raise damaged_weights(path, f"its header describes {expected:,} bytes, the file has {found:,} "
+                              f"({found - expected:,} bytes more than its tensors)")
+    return header
+
+
+def damaged_weights(path: Path, what: str) -> ModelError:
+    """A weights file that is cut short or otherwise damaged: named, with what was found, and the fix."""
+    source = model_source(path.parent)
+    again = (f"download it again (`hf download {source.removeprefix('hf://').split('@')[0]} --force-download`)"
+             if source.startswith("hf://") else "copy it again from where it came from (the whole model folder), or "
+                                                "download it again")
+    return ModelError(f"the weights file {path} is truncated or damaged: {what}. Fix: {again}")
+
+
+def check_weights(folder: str | Path) -> None:
+    """Refuse weights that cannot load, from their sizes and headers alone (milliseconds, no torch): a
+    ``model.safetensors`` cut short (a copy or a download that stopped), the shards an index names (each there, each
+    whole), a ``pytorch_model.bin`` zip without its end (torch >= 1.6 saves a zip archive). Files that are not there
+    are left to :func:`raysent.models.encoder.check_model`, which says which are needed."""
+    root = Path(folder)
+    if (root / "model.safetensors").is_file():
+        safetensors_header(root / "model.safetensors")
+    elif (root / "model.safetensors.index.json").is_file():
+        for shard in _shards(root / "model.safetensors.index.json"):
+            safetensors_header(shard)
+    elif (root / "pytorch_model.bin").is_file():
+        _check_torch_zip(root / "pytorch_model.bin")
+    elif (root / "pytorch_model.bin.index.json").is_file():
+        for shard in _shards(root / "pytorch_model.bin.index.json"):
+            _check_torch_zip(shard)
+    for head in HEAD_FILES:  # a trained pooling head (layeratt's), loaded with the model
+        if head.endswith(".safetensors") and (root / head).is_file():
+            safetensors_header(root / head)
+
+
+def _shards(index: Path) -> list[Path]:
+    """The shard files a sharded checkpoint's index names (its ``weight_map``), each of them there."""
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
+    except (UnicodeDecodeError, json.JSONDecodeError, AttributeError) as exc:
+        raise damaged_weights(index, f"the index is not valid JSON with a weight_map ({exc})") from None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise damaged_weights(index, "the index has no weight_map of tensors to shard files")
+    shards = [index.parent / str(f) for f in dict.fromkeys(weight_map.values())]
+    missing = [s.name for s in shards if not s.is_file()]
+    if missing:
+        raise damaged_weights(index, f"it names {len(shards)} shard(s), and {', '.join(missing)} "
+                              f"{'is' if len(missing) == 1 else 'are'} not in {index.parent}")
+    return shards
+
+
+def _check_torch_zip(path: Path) -> None:
+    """A ``pytorch_model.bin`` that starts as a zip archive (torch >= 1.6) must end as one (its central directory,
+    which a copy cut short has lost); an older (pickle) file cannot be told without loading it."""
+    with path.open("rb") as f:
+        zipped = f.read(4) == b"PK\x03\x04"
+    if zipped and not zipfile.is_zipfile(path):
+        raise damaged_weights(path, f"{path.stat().st_size:,} bytes of a zip archive (torch's format) without the "
+                              "archive's end: cut short")
 
 
 def checkpoint_has_pooler(folder: str | Path) -> bool | None:

@@ -17,6 +17,7 @@ worker or the whole run dies.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import math
 import os
@@ -36,8 +37,10 @@ import torch
 from raysent.config import ExperimentConfig
 from raysent.data import load
 from raysent.data.batching import GlobalBatches, TokenizedData, local_part
+from raysent.data.datasets import check_scores_vary
 from raysent.errors import RaysentError
-from raysent.eval.sts import evaluate_dev
+from raysent.eval.sts import DEV_USE, evaluate_dev, nan_dev_sets
+from raysent.io import is_disk_full
 from raysent.methods import Gatherer, Method
 from raysent.methods.base import Speedups
 from raysent.methods.card import write_card
@@ -57,6 +60,11 @@ BEST_DIR = "best"
 
 class NonFiniteLossError(RaysentError):
     """The loss became NaN or infinite (a diverging configuration, e.g. too high a learning rate)."""
+
+
+class NaNDevScoreError(RaysentError):
+    """The dev Spearman is NaN before any checkpoint was best: no checkpoint can be chosen, so the run would end
+    without a best model (its search reporting ``-inf``, its final phase without a model to test)."""
 
 
 # --------------------------------------------------------------------------- hooks
@@ -276,6 +284,8 @@ def setup(cfg: ExperimentConfig, method: Method, data: TokenizedData, dev_specs:
                   f"fp16, with its GradScaler: CUDA only); this run trains in {stepper.precision} (precision: "
                   f"{stepper.precision} in the result)")
     dev_sets = {s: load(s, "scored_pairs") for s in dev_specs} if hooks.rank == 0 else None
+    for dev in (dev_sets or {}).values():  # constant gold scores: refused before the first step, not at an eval
+        check_scores_vary(dev, DEV_USE)
     embedder = Embedder(method.embed, method.encoder.tokenizer, module=method, max_length=cfg.eval.max_length,
                         batch_size=cfg.eval.batch_size, device=device)
     return Run(cfg=cfg, method=method, data=data, hooks=hooks, settings=settings, stepper=stepper, batches=batches,
@@ -338,6 +348,18 @@ def current_lr(run: Run) -> float:
     return float(scheduler.get_last_lr()[0]) if scheduler is not None else 0.0
 
 
+def _refuse_if_full(folder: Path, method, exc: Exception) -> None:
+    """A checkpoint write that failed on a full disk as the error says so: torch.save reports it as "[enforce fail
+    at inline_container.cc:672] . unexpected pos" (torch 2.13, seen on a 60 MB tmpfs), which names neither the disk
+    nor the folder. The disk counts as full when less is free than the checkpoint takes (the weights and AdamW's
+    two moments)."""
+    need = 3 * sum(t.numel() * t.element_size() for t in method.state_dict().values() if torch.is_tensor(t))
+    free = shutil.disk_usage(folder).free
+    if free < need:
+        raise OSError(errno.ENOSPC, f"No space left on device: a checkpoint in {folder} needs about {need / 1e6:.0f} "
+                      f"MB, {free / 1e6:.0f} MB are free ({' '.join(str(exc).split())[:200]})") from exc
+
+
 def save_checkpoint(run: Run, state: TrainState, metrics: dict, improved: bool) -> None:
     """Export the best model when it improved, write a resumable checkpoint (rank 0) and report ``metrics``."""
     t0 = time.perf_counter()
@@ -346,25 +368,35 @@ def save_checkpoint(run: Run, state: TrainState, metrics: dict, improved: bool) 
     ckpt_dir = None
     scratch, best_dir = run.scratch, run.best_dir
     if scratch is not None and best_dir is not None:  # rank 0
-        if improved:
-            tmp_best = Path(tempfile.mkdtemp(dir=scratch, prefix=".best-"))
-            method.export(tmp_best, extra={"dev_spearman": state.best_score, "step": state.step,
-                                           "config": cfg.to_dict(), "data": run.record.get("data")},
-                          max_length=cfg.eval.max_length)
-            write_card(tmp_best)
-            shutil.rmtree(best_dir, ignore_errors=True)
-            tmp_best.rename(best_dir)
-        ckpt_dir = Path(tempfile.mkdtemp(dir=scratch, prefix=".ckpt-"))
-        torch.save({
-            "method": method.state_dict(),
-            "optimizer": stepper.optimizer.state_dict() if stepper.optimizer is not None else None,
-            "scheduler": stepper.scheduler.state_dict() if stepper.scheduler is not None else None,
-            "scaler": stepper.scaler.state_dict() if stepper.scaler is not None else None,
-            "state": asdict(state),
-            "rng": rng,
-        }, ckpt_dir / STATE_FILE)
-        if best_dir.is_dir():
-            link_tree(best_dir, ckpt_dir / BEST_DIR)
+        tmp_best = None
+        try:  # a failed write (a full disk) leaves no half-written folder behind
+            if improved:
+                tmp_best = Path(tempfile.mkdtemp(dir=scratch, prefix=".best-"))
+                method.export(tmp_best, extra={"dev_spearman": state.best_score, "step": state.step,
+                                               "config": cfg.to_dict(), "data": run.record.get("data")},
+                              max_length=cfg.eval.max_length)
+                write_card(tmp_best)
+                shutil.rmtree(best_dir, ignore_errors=True)
+                tmp_best.rename(best_dir)
+                tmp_best = None
+            ckpt_dir = Path(tempfile.mkdtemp(dir=scratch, prefix=".ckpt-"))
+            torch.save({
+                "method": method.state_dict(),
+                "optimizer": stepper.optimizer.state_dict() if stepper.optimizer is not None else None,
+                "scheduler": stepper.scheduler.state_dict() if stepper.scheduler is not None else None,
+                "scaler": stepper.scaler.state_dict() if stepper.scaler is not None else None,
+                "state": asdict(state),
+                "rng": rng,
+            }, ckpt_dir / STATE_FILE)
+            if best_dir.is_dir():
+                link_tree(best_dir, ckpt_dir / BEST_DIR)
+        except BaseException as exc:
+            for half in (tmp_best, ckpt_dir):
+                if half is not None:
+                    shutil.rmtree(half, ignore_errors=True)
+            if isinstance(exc, Exception) and not is_disk_full(exc):
+                _refuse_if_full(scratch, method, exc)
+            raise
     t1 = time.perf_counter()
     hooks.report(metrics, ckpt_dir)
     run.phases["checkpoint_seconds"] += t1 - t0
@@ -375,6 +407,8 @@ def evaluate_and_save(run: Run, state: TrainState, loss_avg: float | None) -> bo
     """Evaluate, keep the best, checkpoint, report; True when patience says stop."""
     scores = validate(run, initial=state.step == 0)
     score = scores["dev_spearman"]
+    if math.isnan(score):
+        nan_dev_score(run, state, scores)
     improved = score > state.best_score
     if improved:
         state.best_score, state.best_step, state.evals_since_best = score, state.step, 0
@@ -390,6 +424,24 @@ def evaluate_and_save(run: Run, state: TrainState, loss_avg: float | None) -> bo
     stop = patience is not None and state.evals_since_best >= patience
     save_checkpoint(run, state, metrics, improved)
     return stop
+
+
+def nan_dev_score(run: Run, state: TrainState, scores: dict) -> None:
+    """A NaN dev Spearman: the model's cosines on a dev set are all equal or not numbers (constant gold scores are
+    refused when the set is read). Before any checkpoint was best it is a :class:`NaNDevScoreError` naming the dev
+    set: a run that has no best model would end with none. After one, the model collapsed: the best stays, loudly
+    (a run whose last dev score is NaN is recorded as diverged)."""
+    names = nan_dev_sets(scores) or ["the dev sets"]
+    sources = {n: d.source for n, d in (run.dev_sets or {}).items()}
+    which = ", ".join(f"{n} ({sources[n]})" if n in sources else n for n in names)
+    why = (f"the dev Spearman on {which} is NaN at step {state.step}: the model gives every pair of it the same "
+           "cosine, or one that is not a number (its sentence vectors do not vary: a collapsed model, or a pooling "
+           "that reads the same vector for every sentence, such as layer 0's [CLS])")
+    if state.best_score == -math.inf:
+        raise NaNDevScoreError(f"{why}, so no checkpoint can be chosen as the best. Fix: another pooling, "
+                               "a lower learning rate, or another model")
+    run.hooks.log(f"WARNING: {why}; the best checkpoint stays the one of step {state.best_step} "
+                  f"(dev {state.best_score:.2f})")
 
 
 class LossMeter:

@@ -135,6 +135,59 @@ def test_a_score_out_of_range_in_the_archive_names_the_member_and_the_line(tmp_p
         ds.load("sts13")
 
 
+def test_gold_scores_all_equal_are_refused_from_a_local_copy_a_users_file_and_the_hub_naming_each(
+        tmp_path, monkeypatch):
+    """Issue 60: an STS set whose gold scores are all equal makes every Spearman NaN (no checkpoint is ever best). The
+    local reader, a user's file read as a dev set and the hub's archive refuse it alike, each naming where it read
+    it; so is one sub-set of STS13 (its ``mean`` and ``wmean`` correlate each sub-set)."""
+    from raysent.data.readers import refuse_constant_scores
+
+    local = tmp_path / "data"
+    (local / "sts" / "STSB").mkdir(parents=True)
+    rows = (DATA / "sts" / "STSB" / "dev.tsv").read_text(encoding="utf-8").splitlines()
+    flat = "\n".join([rows[0]] + ["2.5\t" + r.split("\t", 1)[1] for r in rows[1:]]) + "\n"
+    (local / "sts" / "STSB" / "dev.tsv").write_text(flat, encoding="utf-8")
+    (local / "sts" / "STS13").mkdir()
+    for sub in ("headlines", "OnWN"):
+        (local / "sts" / "STS13" / f"{sub}.tsv").symlink_to(DATA / "sts" / "STS13" / f"{sub}.tsv")
+    fnwn = (DATA / "sts" / "STS13" / "FNWN.tsv").read_text(encoding="utf-8").splitlines()
+    (local / "sts" / "STS13" / "FNWN.tsv").write_text(
+        "\n".join([fnwn[0]] + ["1\t" + r.split("\t", 1)[1] for r in fnwn[1:]]) + "\n", encoding="utf-8")
+    monkeypatch.setenv("RAYSENT_DATA_DIR", str(local))
+    with pytest.raises(DataError, match=f"^{local / 'sts/STSB/dev.tsv'}: every gold score is 2.5 \\(1,500 pair"):
+        ds.load("stsb:dev", "scored_pairs")
+    with pytest.raises(DataError, match=f"^{local / 'sts/STS13/FNWN.tsv'}: every gold score is 1 \\(189 pair"):
+        ds.load("sts13", "scored_pairs")
+    user = ds.load(f"path:{local / 'sts/STSB/dev.tsv'}", "scored_pairs")  # search data may be scored alike
+    with pytest.raises(DataError, match=f"^{local / 'sts/STSB/dev.tsv'}: every gold score is 2.5 .*NaN.*a dev set"):
+        ds.check_scores_vary(user, "a dev set")
+    refuse_constant_scores("x", [1.0, 1.0, 1.5])  # varied: fine
+
+    cache = tmp_path / "hf"  # SentEval's archive made from these two copies: STS-B dev all 2.5, STS13's FNWN all 1
+    hub_data = tmp_path / "hub-data"
+    (hub_data / "sts").mkdir(parents=True)
+    for part in DATA.iterdir():
+        if part.name != "sts":
+            (hub_data / part.name).symlink_to(part)
+    for part in (DATA / "sts").iterdir():
+        (hub_data / "sts" / part.name).symlink_to(local / "sts" / part.name if part.name == "STS13" else part)
+    (hub_data / "sts" / "STSB").unlink()
+    (hub_data / "sts" / "STSB").mkdir()
+    for split in ("train", "test"):
+        (hub_data / "sts" / "STSB" / f"{split}.tsv").symlink_to(DATA / "sts" / "STSB" / f"{split}.tsv")
+    (hub_data / "sts" / "STSB" / "dev.tsv").write_text(flat, encoding="utf-8")
+    hub_standins.simcse_repo(cache, hub_data)
+    monkeypatch.delenv("RAYSENT_DATA_DIR")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    with pytest.raises(DataError, match=r"senteval.tar/STS/STSBenchmark/sts-dev.csv: every gold score is 2.5 "
+                                        r"\(1,500 pair\(s\)\)"):
+        ds.load("stsb:dev", "scored_pairs")
+    with pytest.raises(DataError, match=r"senteval.tar/STS/STS13-en-test/STS.gs.FNWN.txt: every gold score is 1 "):
+        ds.load("sts13", "scored_pairs")
+    assert len(ds.load("stsb:test", "scored_pairs")) == 1379  # the other splits of the archive still read
+
+
 def test_sts17_reads_mtebs_default_config_at_its_pinned_revision_by_lang(from_hub):
     hub = ds.load("sts17:en-en", "scored_pairs")
     local = _local("sts17:en-en")

@@ -84,6 +84,34 @@ def test_dev_mode_stsb_and_sickr_match_scipy():
     assert res["dev_spearman"] == pytest.approx((res["dev/stsb:dev"] + res["dev/sickr:dev"]) / 2)
 
 
+def test_a_dev_set_whose_gold_scores_are_all_equal_is_refused_and_a_collapsed_model_is_named(tmp_path):
+    """Issue 60: constant gold scores make Spearman NaN whatever the model, so no checkpoint could be chosen: refused,
+    naming the file, by evaluate_dev and `raysent eval --split dev`. A NaN left is the model's own (every vector
+    alike): nan_dev_sets names the set, for the training loop's error."""
+    from raysent.data import ScoredPairs
+    from raysent.errors import DataError
+    from raysent.eval.sts import nan_dev_sets
+
+    real = load("sickr:dev", "scored_pairs")
+    flat = tmp_path / "flat-dev.tsv"
+    flat.write_text("score\tsentence1\tsentence2\n" + "".join(
+        f"4.0\t{a}\t{b}\n" for a, b in zip(real.sentence1[:40], real.sentence2[:40])), encoding="utf-8")
+    with pytest.raises(DataError, match=f"^{flat}: every gold score is 4 \\(40 pair\\(s\\)\\).*NaN.*a dev set"):
+        evaluate_dev(hashing_encoder, [f"path:{flat}"])
+    mine = ScoredPairs(name="mine", source="my pairs", sentence1=real.sentence1, sentence2=real.sentence2,
+                       scores=np.full(len(real), 2.0), subsets=[""] * len(real))
+    with pytest.raises(DataError, match="^my pairs: every gold score is 2 "):
+        evaluate_dev(hashing_encoder, sets={"mine": mine})
+    with pytest.warns(stats.ConstantInputWarning):
+        collapsed = evaluate_dev(lambda s: np.ones((len(s), 4), dtype=np.float32), ["sickr:dev", "stsb:dev"])
+    assert np.isnan(collapsed["dev_spearman"]) and nan_dev_sets(collapsed) == ["sickr:dev", "stsb:dev"]
+    assert nan_dev_sets(evaluate_dev(hashing_encoder, ["sickr:dev"])) == []
+    proc = cli_in_process("eval", "--model", "raw-bert-mini-mlm", "--pooling", "mean", "--split", "dev",
+                          "--dev", f"path:{flat}", check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith(f"raysent: error: {flat}: every gold score is 4"), proc.stderr
+
+
 def test_each_distinct_sentence_is_encoded_once():
     calls = []
 

@@ -102,6 +102,52 @@ def test_seeded_and_resumes_exactly_after_a_crash(tiny_bert, tmp_path, monkeypat
     assert other_seed.loss_curve != ref.loss_curve
 
 
+def test_a_nan_dev_spearman_before_any_best_is_an_error_naming_the_dev_set(tmp_path, capsys):
+    """Issue 60: a NaN dev Spearman never beat -inf, so no checkpoint was ever best: the search reported `dev -inf`
+    and the final phase failed on a missing best/ folder. Before any best it is an error naming the dev set and its
+    file; after one, the collapse is said and the best kept. (The loop's evaluation step, on an encoder whose every
+    vector is the same: nothing trains.)"""
+    import math
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from raysent.config import parse_config
+    from raysent.data import load
+    from raysent.train.loop import NaNDevScoreError, TrainHooks, TrainState, evaluate_and_save, nan_dev_score
+
+    cfg = parse_config({"name": "nan", "method": "baseline", "model": {"name": RAW_BERT},
+                        "data": {"dev": "sickr:dev"}, "params": {"pooling": "mean"}})
+    run = SimpleNamespace(cfg=cfg, hooks=TrainHooks(tmp_path, quiet=False), dev_sets={"sickr:dev": load("sickr:dev")},
+                          embedder=lambda s: np.ones((len(s), 8), dtype=np.float32), phases={"eval_seconds": 0.0})
+    state = TrainState(step=4)
+    with pytest.warns(Warning), pytest.raises(NaNDevScoreError) as err:
+        evaluate_and_save(run, state, None)
+    said = str(err.value)
+    assert said.startswith("the dev Spearman on sickr:dev ($RAYSENT_DATA_DIR/sts/SICK-R/dev.tsv) is NaN at step 4: "
+                           "the model gives every pair of it the same cosine"), said
+    assert "no checkpoint can be chosen as the best" in said and "Fix: another pooling" in said
+    assert state.dev_curve == [] and not (tmp_path / "best").exists()
+    later = TrainState(step=8, best_score=51.0, best_step=4)
+    nan_dev_score(run, later, {"dev/sickr:dev": math.nan, "dev_spearman": math.nan})
+    assert "WARNING: the dev Spearman on sickr:dev" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_pooling_that_reads_one_vector_for_every_sentence_stops_the_run_with_the_reason(tmp_path):
+    """layer0_cls (the baseline's grid has it) reads the embedding layer's [CLS]: the same vector for every sentence,
+    every cosine 1, the dev Spearman NaN at step 0. The run stops there, naming the dev set."""
+    from raysent.config import parse_config
+    from raysent.train.loop import NaNDevScoreError
+
+    cfg = parse_config({"name": "layer0", "method": "baseline", "model": {"name": RAW_BERT},
+                        "data": {"train": "sickr:dev", "dev": "sickr:dev"}, "params": {"pooling": "layer0_cls"},
+                        "train": {"output_dir": str(tmp_path / "run")}, "tracking": {"results_dir": str(tmp_path)}})
+    with pytest.raises(NaNDevScoreError, match=r"the dev Spearman on sickr:dev \(.*SICK-R/dev.tsv\) is NaN at step 0"):
+        train_in_process(cfg, quiet=True)
+    assert not (tmp_path / "run" / "best").exists()
+
+
 def test_help_of_every_command():
     for args in (["--help"], ["train", "--help"], ["eval", "--help"], ["methods", "--help"], ["data", "--help"]):
         out = run_cli(*args).stdout
