@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from raysent.config import ExperimentConfig, load_config, parse_config, with_overrides
+from raysent.config import ExperimentConfig, load_config, parse_config, user_overrides, with_overrides
 from raysent.errors import RaysentError
 from raysent.preflight import preflight
 from raysent.report.runs import TASK_LABELS
@@ -56,7 +56,7 @@ def resolve_config(config: ConfigLike, overrides: Mapping[str, Any] | None = Non
         cfg = parse_config(dict(config), source="<dict>")
     else:
         raise RaysentError(f"config: expected a path, a mapping or an ExperimentConfig, got {type(config).__name__}")
-    return with_overrides(cfg, dict(overrides)) if overrides else cfg
+    return user_overrides(cfg, overrides) if overrides else cfg
 
 
 def _source(config: ConfigLike) -> str:

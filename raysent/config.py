@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, NoReturn
@@ -35,7 +36,35 @@ from raysent.methods.spec import SPECS, get_spec
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # allow_inf_nan=False: every float field refuses inf and NaN, which `Field(gt=0)` lets through and JSON cannot
+    # hold (a run record would say null); the error names the field the file gave (issue 60)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+
+# --------------------------------------------------------------------------- names that become paths
+# The experiment's name, the MLflow experiment and the registered model each name a folder (results/<name>/, the
+# store's and the registry's) and are parts of run and file names: one rule for all of them, checked when the file
+# is read, before anything is written. No '/' and no leading '.', so none leaves the results folder; at most
+# NAME_MAX characters, so that the longest file name built on one (a run record, a trial folder) stays below the
+# 255 bytes a file name may have.
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
+NAME_MAX = 100
+NAME_RULE = (f"letters, digits, '.', '_' and '-', starting with a letter or digit, at most {NAME_MAX} characters "
+             "(it names a folder under the results folder)")
+
+
+def check_name(v: str | None) -> str | None:
+    """``v`` if it is a valid name (:data:`NAME_RULE`); else ValueError saying what is allowed."""
+    if v is None:
+        return v
+    if not re.fullmatch(NAME_PATTERN, v):
+        raise ValueError(f"allowed: {NAME_RULE}")
+    if len(v) > NAME_MAX:
+        raise ValueError(f"{len(v)} characters; allowed: {NAME_RULE}")
+    return v
+
+
+Name = Annotated[str, AfterValidator(check_name)]
 
 
 # --------------------------------------------------------------------------- parts
@@ -441,15 +470,17 @@ class ResourcesConfig(Strict):
 class TrackingConfig(Strict):
     mlflow_uri: str | None = Field(None, description="default MLFLOW_TRACKING_URI, else "
                                    "sqlite:///<results_dir>/mlflow.db")
-    experiment: str | None = Field(None, description="MLflow experiment (default: the config's name)")
+    experiment: Name | None = Field(None, description="MLflow experiment and the results folder's name (default: "
+                                    "the config's name); the same rule as name")
     results_dir: str = "results"
     enabled: bool = True
     log_model: Literal["best", "all", "none"] = Field(
         "best", description="models logged with MLflow's sentence_transformers flavour after the final phase: the "
         "winner's final run with the best dev score (best), every final seed of the winner (all), or none; the "
         "best one is registered in the model registry")
-    registered_model: str | None = Field(None, description="the model registry's name for the best model (default: "
-                                         "the MLflow experiment's name); each search adds a version")
+    registered_model: Name | None = Field(None, description="the model registry's name for the best model "
+                                          "(default: the MLflow experiment's name); each search adds a version; the "
+                                          "same rule as name")
     registry_uri: str | None = Field(None, description="MLflow model registry (default MLFLOW_REGISTRY_URI, else the "
                                      "tracking store)")
     server: Literal["auto", "always", "never"] = Field(
@@ -468,8 +499,7 @@ class TrackingConfig(Strict):
 
 
 class ExperimentConfig(Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$",
-                      description="letters, digits, '.', '_' and '-': names results/<name>/")
+    name: Name = Field(description=f"{NAME_RULE}: names results/<name>/")
     method: str
     model: ModelConfig
     data: DataConfig = Field(default_factory=DataConfig)
@@ -571,8 +601,8 @@ def _explain(err: Mapping[str, Any], allowed_keys: dict[tuple, list[str]]) -> st
     if kind == "missing":
         return f"{field}: required field is missing"
     msg = msg.removeprefix("Value error, ")
-    if kind == "string_pattern_mismatch" and loc == ("name",):
-        msg = "allowed: letters, digits, '.', '_' and '-', starting with a letter or digit (it names results/<name>/)"
+    if kind == "finite_number":
+        msg = "allowed: a finite number (not inf or NaN)"
     return f"{field}: got {_fmt_value(err.get('input'))}: {msg}"
 
 
@@ -800,7 +830,7 @@ def load_config(path: str | os.PathLike, overrides: dict | None = None) -> Exper
     if raw is None:
         raise ConfigError(f"{path}: the file is empty; an experiment needs at least name, method and model.name")
     cfg = parse_config(raw, source=str(path), root=root)
-    return with_overrides(cfg, overrides) if overrides else cfg
+    return user_overrides(cfg, overrides) if overrides else cfg
 
 
 # --------------------------------------------------------------------------- hyperparameters
@@ -849,6 +879,17 @@ def with_overrides(cfg: ExperimentConfig, overrides: dict[str, Any]) -> Experime
     if isinstance(raw.get("train", {}).get("adam_betas"), list):
         raw["train"]["adam_betas"] = tuple(raw["train"]["adam_betas"])
     return parse_config(raw, source=cfg._source, check_search=False)
+
+
+def user_overrides(cfg: ExperimentConfig, overrides: Mapping[str, Any]) -> ExperimentConfig:
+    """:func:`with_overrides` of the values a user gave (``--set``, ``overrides=``): an error names the field and
+    the override that set it (``--set lr=.inf``: "train.lr: got inf ... (with the override lr=inf)")."""
+    try:
+        return with_overrides(cfg, dict(overrides))
+    except ConfigError as exc:
+        given = ", ".join(f"{k}={_fmt_value(v)}" for k, v in overrides.items())
+        raise ConfigError(f"{exc}\n  (with the override{'s' if len(overrides) > 1 else ''} {given}: --set or "
+                          "overrides=)") from None
 
 
 def finite(x: float) -> bool:

@@ -29,6 +29,7 @@ from raysent import __version__
 from raysent.cli import bench, compare, data, evaluate, export, methods, plot, suite, table, train, tune
 from raysent.cli.common import EPILOG
 from raysent.errors import DOOR, Interrupted, RaysentError
+from raysent.io import is_disk_full
 
 # Lazy imports: raysent's heavier modules (the command's work is imported when it runs, so `raysent --help` and every
 # other command start without torch, Ray or MLflow).
@@ -84,12 +85,18 @@ def _main(argv: list[str] | None) -> int:
         return 130
     except OSError as exc:
         if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.ENOTDIR, errno.EISDIR,
-                             errno.EEXIST):
+                             errno.EEXIST, errno.EDQUOT):
             raise
         # the folder a command writes to (results/, --output-dir) is read-only, full, or not a folder
         where = exc.filename or "its output"
         print(f"raysent: error: cannot write {where}: {exc.strerror}. Give a writable folder (--results-dir, "
               f"--output-dir, or --set tracking.results_dir=PATH)", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        if not is_disk_full(exc):  # a full disk can come back as another error: sqlite's, or Ray's around it
+            raise
+        print(f"raysent: error: the disk is full ({' '.join(str(exc).split())[:300]}). Free space, then run the "
+              "command again (`raysent tune ... --resume` goes on with a search)", file=sys.stderr)
         return 2
 
 

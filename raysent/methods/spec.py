@@ -25,7 +25,7 @@ PREVIOUS_STAGE_BEST = "<previous stage's best model>"
 class MethodParams(BaseModel):
     """Base of every method's hyperparameters: typed, defaults from the paper, no unknown keys."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)  # as raysent.config
 
 
 class PoolingParams(MethodParams):

@@ -81,6 +81,11 @@ def _final_lines(summary: Summary, final: ArmOutcome) -> list[str]:
     if final.diverged_seeds:
         lines.append(f"DIVERGED on seed(s) {final.diverged_seeds}: the last dev score is NaN or more than 10 points "
                      "below the start; the lr (or temperature) is too high for this model")
+    # an arm of which no seed finished (every one failed, a diverged loss say): said, the other arm's rows stay
+    for label, arm in (("the searched best", final), (f"the {other} arm", paper)):
+        if arm is not None and not arm.seeds:
+            lines.append(f"FAILED: no seed of {label} finished ({len(arm.missing_seeds)} failed): "
+                         + (arm.errors[0] if arm.errors else "no error was recorded"))
     return lines
 
 

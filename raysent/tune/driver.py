@@ -45,6 +45,7 @@ from typing import Any
 
 from raysent.config import ExperimentConfig, hyperparameters, no_search_part, with_overrides
 from raysent.errors import Interrupted, RaysentError
+from raysent.io import is_disk_full
 from raysent.preflight import check_resources, preflight
 from raysent.report.compare import compare
 from raysent.report.summary import runs_view_url
@@ -63,6 +64,8 @@ from raysent.train.records import check_records
 from raysent.train.resources import Placement, resolve, trials_at_once, tune_trial_resources
 from raysent.tune import mlflow_server
 from raysent.tune.best import arm_outcome, by_configuration, log_configurations, pick_best, records, write_best_yaml
+from raysent.tune.diskspace import disk_full, space_needed
+from raysent.tune.lock import SearchLock, search_lock
 from raysent.tune.plan import SearchPlan, sampler_settings
 from raysent.tune.publish import PublishError, check_publishing, publish, search_budget_of
 from raysent.tune.records_transport import check_complete, restore_records, results_of, write_sent_records
@@ -70,7 +73,14 @@ from raysent.tune.searchers import searcher_of
 from raysent.tune.seeds import run_seeds
 from raysent.tune.space import config_id, warm_source
 from raysent.tune.state import ArmOutcome, Best, Comparison, FailedTrial, SearchState, Summary
-from raysent.tune.storage import experiment_dir, tune_storage, with_absolute_storage
+from raysent.tune.storage import (
+    errored_for_space,
+    experiment_dir,
+    remove_leftovers,
+    space_ran_out,
+    tune_storage,
+    with_absolute_storage,
+)
 from raysent.tune.trial import (
     GATE_VAR,
     MlflowTarget,
@@ -193,8 +203,8 @@ def run_search(cfg: ExperimentConfig, plan: SearchPlan, exp: Path, state: Search
     n = 1 if plan.points is not None else s.num_samples * per  # Tune's samples (it expands a grid itself)
     _announce_search(cfg, plan, run, metric, say)
     if resume and Tuner.can_restore(path):
-        tuner = Tuner.restore(path, trainable=trainable, resume_unfinished=True, resume_errored=False,
-                              restart_errored=False, param_space=param_space)
+        tuner = Tuner.restore(path, trainable=trainable, resume_unfinished=True,
+                              resume_errored=_retry_errored(path, say), restart_errored=False, param_space=param_space)
     else:
         tuner = Tuner(trainable, param_space=param_space,
                       # metric and mode live in the searcher and the scheduler (a Repeater does not pass
@@ -255,8 +265,9 @@ def run_final(cfg: ExperimentConfig, exp: Path, state: SearchState, arms: dict[s
     param_space = {**({"arm": tune.grid_search(list(arms))} if len(arms) > 1 else {}),
                    "seed": tune.grid_search(seeds)}
     concurrent = trials_at_once(cfg)
-    if resume and Tuner.can_restore(f"{storage.rstrip('/')}/{name}"):
-        tuner = Tuner.restore(f"{storage.rstrip('/')}/{name}", trainable=trainable, resume_errored=False,
+    path = f"{storage.rstrip('/')}/{name}"
+    if resume and Tuner.can_restore(path):
+        tuner = Tuner.restore(path, trainable=trainable, resume_errored=_retry_errored(path, say),
                               param_space=param_space)
     else:
         tuner = Tuner(trainable, param_space=param_space,
@@ -277,16 +288,31 @@ def run_final(cfg: ExperimentConfig, exp: Path, state: SearchState, arms: dict[s
                   if r.error is not None and str((r.config or {}).get("arm", "")) == arm]
         cid = config_id(hp)
         recs = [r for r in final_recs if r.config_id == cid]
-        if not recs:
-            raise RaysentError(f"final phase{' (' + arm + ' arm)' if arm else ''}: no run finished; errors: {errors}")
-        outcomes[arm] = outcome = arm_outcome(recs, seeds, errors)
+        outcomes[arm] = outcome = arm_outcome(recs, seeds, errors or ([] if recs else ["no run finished"]))
+        if not recs:  # reported, and the other arm's outcome still goes in the summary
+            say(f"final phase{' (' + arm + ' arm)' if arm else ''}: no seed finished: {outcome.errors[0]}")
+            continue
         if mlflow:
             flat = {**{f"{k}_mean": v.mean for k, v in outcome.scores.items()},
                     **{f"{k}_std": v.std for k, v in outcome.scores.items()}}
             log_configuration(mlflow.uri, mlflow.experiment_id, with_overrides(cfg, hp) if hp else cfg, "final", hp,
                               cid, flat, [r.mlflow_run_id for r in recs if r.mlflow_run_id], mlflow.parent,
                               [r.seed for r in recs])
+    if not any(o.seeds for o in outcomes.values()):
+        raise RaysentError("final phase: no run finished; errors: "
+                           + "; ".join(e for o in outcomes.values() for e in o.errors[:3]))
     return outcomes
+
+
+def _retry_errored(path: str, say: Say) -> bool:
+    """``--resume``: whether Tune runs the phase's errored trials again (``resume_errored``). Yes when one of them
+    failed for lack of space (freed since: a retry can finish it; Tune's own restore of such a trial, whose
+    error.pkl the full disk left empty, fails with "EOFError: Ran out of input"); no otherwise, for a trial that
+    failed by itself (a diverged loss) fails again the same way."""
+    retry = errored_for_space(path)
+    if retry:
+        say(f"--resume: {retry} trial(s) failed for lack of space; they run again")
+    return bool(retry)
 
 
 _ARM_NAMES = {"paper": "the paper's setting", "file": "the file's setting"}
@@ -347,10 +373,17 @@ def _start_ray(cfg: ExperimentConfig, state: SearchState | None, final_only: boo
     return cfg, place
 
 
+def search_id(now: datetime | None = None) -> str:
+    """A search's id: its start time to the millisecond (20261203-061502-317), which sorts as the searches
+    started (:func:`raysent.report.runs.latest_search`; the ids before 2026-12 end at the second, and sort
+    with these) and does not repeat for two searches started in one second."""
+    return (now or datetime.now()).strftime("%Y%m%d-%H%M%S-%f")[:-3]
+
+
 def _start(cfg: ExperimentConfig, exp: Path, uri: str, exp_id: str | None, final_only: bool,
            source: str, place: Placement | None = None) -> SearchState:
     phase = "final" if final_only else "search"
-    state = SearchState(run=datetime.now().strftime("%Y%m%d-%H%M%S"), phase=phase, config=cfg.to_dict(),
+    state = SearchState(run=search_id(), phase=phase, config=cfg.to_dict(),
                         source=source, resources=place.record() if place is not None else None,
                         sampler=sampler_settings(cfg) if cfg.search is not None and not final_only else None)
     if exp_id is not None:
@@ -379,12 +412,24 @@ def tune_experiment(cfg: ExperimentConfig, resume: bool = False, final_only: boo
 
     # checks: before Ray starts and before anything is written
     _checks(cfg, exp, state, source, resume)
-    uri, exp_id = _open_mlflow(cfg)
-    exp.mkdir(parents=True, exist_ok=True)
+    with search_lock(exp) as lock:  # one search of this experiment at a time (raysent.tune.lock)
+        state = SearchState.load(exp) if resume else None  # as it is now that no other search can write it
+        return _locked(cfg, exp, state, lock, resume, final_only, source, say, paper_arm, search_only)
+
+
+def _locked(cfg: ExperimentConfig, exp: Path, state: SearchState | None, lock: SearchLock, resume: bool,
+            final_only: bool, source: str, say: Say, paper_arm: bool, search_only: bool) -> Summary:
+    """:func:`tune_experiment` once the checks passed and this process holds the experiment's lock."""
+    removed = remove_leftovers(exp)  # what a search killed in the middle of a write left behind
+    if removed:
+        say(f"removed {removed} temporary file(s) a search killed before left in {exp}")
     trains = state is None or state.phase not in ("publish", "done")
     place = None
     if trains or cfg.resources.address or os.environ.get("RAY_ADDRESS"):  # publishing may fetch a model from a node
         cfg, place = _start_ray(cfg, state, final_only, say)
+    # the MLflow experiment after the last check that can refuse the run (the resources, against this Ray): a
+    # refused run leaves no experiment behind
+    uri, exp_id = _open_mlflow(cfg)
     if state is not None and (restored := restore_records(cfg, exp, state.run)):
         say(f"--resume: {restored} run record(s) written again from the results Tune kept")
     if state is None:
@@ -395,8 +440,24 @@ def tune_experiment(cfg: ExperimentConfig, resume: bool = False, final_only: boo
         if place is not None:  # --resume: the resources of this run of it (the cluster may be another)
             state.resources = place.record()
             state.save(exp)
+    lock.name(state.run)
     mlflow = MlflowTarget(uri=uri, experiment_id=exp_id, parent=state.parent_run_id) if exp_id else None
     say(f"experiment {exp.name}: results in {exp}" + (f", MLflow {redact(uri)}" if mlflow else ""))
+    started = time.time()
+    try:
+        return _run(cfg, exp, state, mlflow, uri, exp_id, trains, resume, say, paper_arm and not final_only,
+                    search_only)
+    except Exception as exc:
+        # a full disk, whichever error it surfaced as (module raysent.tune.diskspace): one error, said so
+        if is_disk_full(exc) or space_ran_out(cfg, exp, started):
+            runs = 0 if final_only or cfg.search is None else SearchPlan.of(cfg).runs
+            raise disk_full(exp, space_needed(cfg, runs), source) from exc
+        raise
+
+
+def _run(cfg: ExperimentConfig, exp: Path, state: SearchState, mlflow: MlflowTarget | None, uri: str,
+         exp_id: str | None, trains: bool, resume: bool, say: Say, paper_arm: bool, search_only: bool) -> Summary:
+    """The phases of a started search, its MLflow run ended with them, then its summary and publishing."""
     plan = SearchPlan.of(cfg)
     started = time.time()
     status, server = "FAILED", None
@@ -406,16 +467,21 @@ def tune_experiment(cfg: ExperimentConfig, resume: bool = False, final_only: boo
             if server is not None:
                 mlflow = mlflow.model_copy(update={"uri": server.url})
             mlflow_server.check_reach(mlflow.uri, "tracking.mlflow_uri")
-        _phases(cfg, plan, exp, state, mlflow, resume, say, paper_arm=paper_arm and not final_only,
-                search_only=search_only)
+        _phases(cfg, plan, exp, state, mlflow, resume, say, paper_arm=paper_arm, search_only=search_only)
         status = "FINISHED"
     except (Interrupted, KeyboardInterrupt):
         status = "KILLED"  # resumable: --resume sets it running again
         raise
     finally:
         if mlflow and exp_id and state.parent_run_id:
-            # the search's run, and any run of it still open (a trial killed with the search), end with it
-            end_runs_of(uri, exp_id, state.parent_run_id, status)
+            # the search's run, and any run of it still open (a trial killed with the search), end with it; when
+            # the search failed (a full disk: the store may be unwritable too) that error is the one reported
+            failing = sys.exc_info()[1] is not None
+            try:
+                end_runs_of(uri, exp_id, state.parent_run_id, status)
+            except Exception:
+                if not failing:
+                    raise
         if server is not None:
             server.stop()
             say(f"MLflow: stopped the tracking server at {server.url}")
@@ -458,7 +524,8 @@ def _compare_with_warm(cfg: ExperimentConfig, exp: Path, state: SearchState, pla
     assert state.best is not None
     state.warm_source = warm_source(cfg)  # "paper", or "file" when the file set its own values
     state.paper = outcome
-    state.vs_paper = versus_paper(exp, state.run, config_id(plan.warm or {}), state.best.config_id)
+    if outcome.seeds and state.final is not None and state.final.seeds:  # an arm where no seed finished: no pairs
+        state.vs_paper = versus_paper(exp, state.run, config_id(plan.warm or {}), state.best.config_id)
 
 
 def _finish(cfg: ExperimentConfig, exp: Path, state: SearchState, mlflow: MlflowTarget | None, wall: float,

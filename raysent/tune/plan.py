@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from raysent.config import ExperimentConfig
 from raysent.tracking import redact, tracking_uri
+from raysent.tune.diskspace import in_words, space_needed
 from raysent.tune.space import grid, paper_point
 from raysent.tune.trial import search_seeds, seeds_in_one_trial
 
@@ -137,6 +138,7 @@ class DryRun(_Plan):
     results: str
     run_records: str = Field(alias="run records")
     trial_checkpoints: str = Field(alias="trial checkpoints")
+    disk_space: str = Field(alias="disk space")
     mlflow: str
     ray: str
 
@@ -172,14 +174,22 @@ def resources_part(cfg: ExperimentConfig, search_trials: int | None) -> dict[str
     return out
 
 
+def _most_at_once(resources: dict[str, Any]) -> int | None:
+    """The most trials at once of any phase in :func:`resources_part`'s answer ("2 (the 2 CPUs)"), None unknown."""
+    phases = resources.get("trials at once")
+    counts = [int(v.split()[0]) for v in phases.values()] if isinstance(phases, dict) else []
+    return max(counts, default=None)
+
+
 def dry_run(cfg: ExperimentConfig, exp: Path, final_only: bool = False) -> DryRun:
     s = cfg.search
     searched = not final_only and s is not None
     search = None
     search_trials = None
+    search_runs = 0
     if searched and s is not None:
         p = SearchPlan.of(cfg)
-        search_trials = p.trials
+        search_trials, search_runs = p.trials, p.runs
         search = SearchPart(
             algorithm=s.algorithm, configurations=p.configurations, first=p.warm or "none",
             seeds_per_configuration=(f"{s.seeds} (in one trial, in turns: the "
@@ -193,11 +203,13 @@ def dry_run(cfg: ExperimentConfig, exp: Path, final_only: bool = False) -> DryRu
             if s.algorithm in ("optuna-tpe", "optuna-gp") else None,
             note=p.startup_note or None, max_concurrent_trials=s.max_concurrent_trials,
             sampler=sampler_settings(cfg))
+    resources = resources_part(cfg, search_trials)
     return DryRun(
         experiment=exp.name, method=cfg.method, model=cfg.model.name, train_data=cfg.data.train, search=search,
         final=FinalPart(seeds=list(cfg.seeds), runs=len(cfg.seeds), evaluation=list(cfg.eval.tasks)),
-        resources=resources_part(cfg, search_trials), results=str(exp), run_records=str(exp / "runs"),
+        resources=resources, results=str(exp), run_records=str(exp / "runs"),
         trial_checkpoints=("kept" if s is not None and s.keep_checkpoints else
                            "deleted once a trial's record and best model are saved (search.keep_checkpoints)"),
+        disk_space=in_words(space_needed(cfg, search_runs, _most_at_once(resources))),
         mlflow=redact(tracking_uri(cfg)) if cfg.tracking.enabled else "off",
         ray=cfg.resources.address or os.environ.get("RAY_ADDRESS") or "local")

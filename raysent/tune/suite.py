@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from raysent.config import ExperimentConfig, load_config, parse_config, read_yaml, with_overrides
+from raysent.config import ExperimentConfig, Name, load_config, parse_config, read_yaml, with_overrides
 from raysent.data.datasets import DATASETS, STS_TASKS, local_files, parse_spec
 from raysent.errors import ConfigError, Interrupted, RaysentError
 from raysent.methods.spec import get_spec
@@ -49,11 +49,11 @@ ARMS: tuple[Arm, ...] = ("paper", "searched")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class SuiteEntry(_Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$", description="names <suite>-<name>-<arm>")
+    name: Name = Field(description="names <suite>-<name>-<arm> (raysent.config.NAME_RULE)")
     config: str = Field(description="experiment YAML, relative to the suite file")
     set: dict[str, Any] = Field(default_factory=dict, description="overrides (as --set) after the suite's own")
     space: dict[str, Any] = Field(default_factory=dict, description="search-space entries added or replaced "
@@ -63,7 +63,7 @@ class SuiteEntry(_Strict):
 
 
 class SuiteConfig(_Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+    name: Name
     description: str = ""
     set: dict[str, Any] = Field(default_factory=dict, description="overrides of every experiment")
     estimate: Estimate = Field(default_factory=Estimate)

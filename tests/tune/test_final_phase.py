@@ -142,3 +142,21 @@ def test_a_reused_run_shares_the_weights_and_owns_its_card(tmp_path):
     write_card(best, results="the final phase's table")
     assert (searched_best / "README.md").read_text() == "the search run's card\n"
     assert "the final phase's table" in (best / "README.md").read_text()
+
+
+def test_an_arm_where_no_seed_finished_is_kept_and_not_compared(tmp_path, monkeypatch):
+    """The warm-start arm failed on every seed (a diverged loss): the phase goes on to publish the searched best,
+    the failed arm's errors in the state, and no paired comparison is attempted (it has no pairs)."""
+    cfg = parse_config({**CONFIG, "tracking": {"results_dir": str(tmp_path)}})
+
+    def run_final(cfg, exp, state, arms, mlflow, resume, say):
+        assert set(arms) == {"", "paper"}
+        return {"": ArmOutcome(seeds=[1, 2]), "paper": ArmOutcome(seeds=[], missing_seeds=[1, 2], errors=["nan"])}
+
+    monkeypatch.setattr(driver, "run_final", run_final)
+    monkeypatch.setattr(driver, "versus_paper", lambda *a: pytest.fail("an arm without seeds has nothing to pair"))
+    state = SearchState(run="r1", phase="final", config=cfg.to_dict(), best=Best(config_id=config_id(BEST), hp=BEST))
+    driver._phases(cfg, SearchPlan.of(cfg), tmp_path, state, None, resume=False, say=lambda m: None,
+                   paper_arm=True, search_only=False)
+    assert state.phase == "publish" and state.final.seeds == [1, 2]
+    assert state.paper.errors == ["nan"] and state.paper.missing_seeds == [1, 2] and state.vs_paper is None
