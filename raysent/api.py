@@ -29,6 +29,7 @@ from raysent.errors import RaysentError
 from raysent.preflight import preflight
 from raysent.report.runs import TASK_LABELS
 from raysent.train.records import read_record
+from raysent.tune.space import WARM_ARMS
 from raysent.tune.state import SearchState
 
 if TYPE_CHECKING:  # pandas and the records load with the functions that return them
@@ -157,9 +158,6 @@ def search_result(summary: Summary) -> SearchResult:
         best_model_path=Path(chosen.best_model_dir) if chosen and chosen.best_model_dir else None,
         registered_model=published.registered.uri if published and published.registered else None,
         results_dir=exp, summary=summary, not_learned=not_learned(typed, summary))
-
-
-WARM_ARMS = {"paper": "the paper's setting", "file": "the file's setting"}  # the warm-start arm, by its values' source
 
 
 def not_learned(records: Sequence[RunRecord], summary: Summary) -> dict[str, tuple[int, int]]:

@@ -372,10 +372,6 @@ def log_text(uri: str, run_id: str, text: str, name: str) -> None:
         warnings.warn(f"MLflow ({redact(uri)}): could not store {name}: {exc}", stacklevel=2)
 
 
-def metric_history(uri: str, run_id: str, key: str) -> list[Any]:
-    return client(uri).get_metric_history(run_id, key)
-
-
 def log_budget(uri: str, run_id: str, metrics: dict[str, float], curve: list[float], markdown: str) -> bool:
     """A search's budget curve on its parent run (:mod:`raysent.report.budget`): ``metrics``
     (``budget/expected_best_at_{n}``, ...), the curve again as ``budget/expected_best`` at step n (MLflow's chart)

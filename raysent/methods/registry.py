@@ -1,32 +1,23 @@
-"""The registered methods, by name: each spec of :mod:`raysent.methods.spec` with its model (imports torch)."""
+"""The registered methods, by name: each spec of :mod:`raysent.methods.spec` (the one registry, ``SPECS``, in
+`raysent methods`' order) with the model its ``implementation`` names (imports torch)."""
 
 from __future__ import annotations
 
-from raysent.methods.base import Method
-from raysent.methods.baseline import Baseline
-from raysent.methods.consert import ConSERT
-from raysent.methods.layeratt import LayerAtt
-from raysent.methods.sbert_nli import SBERTNLI
-from raysent.methods.sg import SelfGuided, SelfGuidedOpt
-from raysent.methods.simcse_sup import SimCSESup
-from raysent.methods.simcse_unsup import SimCSEUnsup
-from raysent.methods.spec import get_spec
-from raysent.methods.supcon import SupCon
+import importlib
 
-METHODS: dict[str, type[Method]] = {
-    cls.name: cls
-    for cls in (
-        SimCSEUnsup,
-        SimCSESup,
-        SelfGuided,
-        SelfGuidedOpt,
-        ConSERT,
-        LayerAtt,
-        SupCon,
-        SBERTNLI,
-        Baseline,
-    )
-}
+from raysent.methods.base import Method
+from raysent.methods.spec import SPECS, MethodSpec, get_spec
+
+
+def _implementation(spec: type[MethodSpec]) -> type[Method]:
+    module, _, name = spec.implementation.partition(":")
+    cls = getattr(importlib.import_module(module), name)
+    if not (issubclass(cls, spec) and issubclass(cls, Method)):
+        raise TypeError(f"{spec.implementation}: the method {spec.name!r} must subclass {spec.__name__} and Method")
+    return cls
+
+
+METHODS: dict[str, type[Method]] = {name: _implementation(spec) for name, spec in SPECS.items()}
 
 
 def get_method(name: str) -> type[Method]:

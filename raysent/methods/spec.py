@@ -57,6 +57,9 @@ class MethodSpec:
     # gradient caching (raysent.models.chunked.GradCache) needs every encoder call of a step to be a plain
     # function of the token ids; a method that acts inside the encoder per row (ConSERT) says False
     supports_grad_cache: ClassVar[bool] = True
+    # "module:Class" of the method (the spec's subclass with the torch model): the one registry, SPECS, names it,
+    # and raysent.methods.registry imports it (a spec is read before torch loads)
+    implementation: ClassVar[str]
 
     @classmethod
     def defaults(cls, params: MethodParams) -> dict[str, dict]:
@@ -87,6 +90,7 @@ class SimCSEUnsupSpec(MethodSpec):
     32, τ 0.05, STS-B dev every 125 steps."""
 
     name = "simcse-unsup"
+    implementation = "raysent.methods.simcse_unsup:SimCSEUnsup"
     paper = "Gao, Yao, Chen 2021. SimCSE: Simple Contrastive Learning of Sentence Embeddings"
     arxiv, citation = SIMCSE.arxiv, SIMCSE.citation
     summary = "two dropout views of each sentence, in-batch negatives, InfoNCE (Eq. 1)"
@@ -107,6 +111,7 @@ class SimCSESupSpec(MethodSpec):
     """Paper defaults (SimCSE's run_sup_example.sh): NLI triplets, 3 epochs, batch 512, lr 5e-5, max length 32."""
 
     name = "simcse-sup"
+    implementation = "raysent.methods.simcse_sup:SimCSESup"
     paper = "Gao, Yao, Chen 2021. SimCSE: Simple Contrastive Learning of Sentence Embeddings"
     arxiv, citation = SIMCSE.arxiv, SIMCSE.citation
     summary = "NLI (premise, entailment, contradiction); contradictions as hard negatives (Eq. 5)"
@@ -143,6 +148,7 @@ class SelfGuidedSpec(MethodSpec):
     every 50 steps with patience 10, max length 128, 10 % warmup; the paper's 8 seeds."""
 
     name = "sg"
+    implementation = "raysent.methods.sg:SelfGuided"
     paper = "Kim, Yoo, Lee 2021. Self-Guided Contrastive Learning for BERT Sentence Representations"
     arxiv, citation = SELF_GUIDED.arxiv, SELF_GUIDED.citation
     summary = "BERT_T's [CLS] pulled to BERT_F's layer views through a projection head; L^base by default"
@@ -157,6 +163,7 @@ class SelfGuidedSpec(MethodSpec):
 
 class SelfGuidedOptSpec(SelfGuidedSpec):
     name = "sg-opt"
+    implementation = "raysent.methods.sg:SelfGuidedOpt"
     summary = "SG with the optimised loss L^opt: every layer's view guides [CLS] (L^opt3 + λ·L^reg)"
     Params = SGOptParams
 
@@ -240,6 +247,7 @@ class ConSERTSpec(MethodSpec):
     raysent/methods/consert.py."""
 
     name = "consert"
+    implementation = "raysent.methods.consert:ConSERT"
     paper = "Yan et al. 2021. ConSERT: A Contrastive Framework for Self-Supervised Sentence Representation Transfer"
     arxiv, citation = CONSERT.arxiv, CONSERT.citation
     summary = "two augmented views at the embedding layer, NT-Xent over 2N; unsup/joint/sup-unsup/joint-unsup"
@@ -307,6 +315,7 @@ class LayerAttParams(MethodParams):
 
 class LayerAttSpec(MethodSpec):
     name = "layeratt"
+    implementation = "raysent.methods.layeratt:LayerAtt"
     paper = ("Oh et al. 2022. Don't Judge a Language Model by Its Last Layer: "
              "Contrastive Learning with Layer-Wise Attention Pooling")
     arxiv, citation = LAYERATT.arxiv, LAYERATT.citation
@@ -346,6 +355,7 @@ class SBERTNLISpec(MethodSpec):
     128, SNLI."""
 
     name = "sbert-nli"
+    implementation = "raysent.methods.sbert_nli:SBERTNLI"
     paper = "Reimers & Gurevych 2019. Sentence-BERT (as the baseline of Liao 2021 and stage 1 of ConSERT sup-unsup)"
     arxiv, citation = SBERT.arxiv, SBERT.citation
     summary = "softmax classifier over (u, v, |u-v|) on NLI pairs, cross-entropy only"
@@ -368,6 +378,7 @@ class SupConParams(SBERTNLIParams):
 
 class SupConSpec(SBERTNLISpec):
     name = "supcon"
+    implementation = "raysent.methods.supcon:SupCon"
     paper = "Liao 2021. Sentence Embeddings using Supervised Contrastive Learning"
     arxiv, citation = SUPCON.arxiv, SUPCON.citation
     summary = "(1−λ)·CE over (u, v, |u−v|) + λ·SCL with N+ positives and N− negatives per premise (Eq. 3)"
@@ -384,6 +395,7 @@ class BaselineParams(PoolingParams):
 
 class BaselineSpec(MethodSpec):
     name = "baseline"
+    implementation = "raysent.methods.baseline:Baseline"
     paper = "no tuning (the 'No tuning' rows of Kim et al. 2021 Table 1 and Yan et al. 2021 Table 2)"
     summary = "the raw encoder with any pooling; no training step"
     Params = BaselineParams

@@ -134,8 +134,3 @@ def pool(
         return masked_mean(h, attention_mask) if how == "mean" else masked_max(h, attention_mask)
     raise ValueError(f"unknown pooling {name!r}; allowed: {describe_allowed()}")
 
-
-def max_layer_index(name: str) -> int | None:
-    """The layer a ``layer<K>_*`` pooling reads, else None."""
-    m = _LAYER_RE.match(str(name))
-    return int(m.group(1)) if m else None

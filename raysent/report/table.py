@@ -71,10 +71,6 @@ class Cell:
             return self.std_given
         return float(np.std(self.values, ddof=1)) if len(self.values) > 1 else None
 
-    @property
-    def incomplete(self) -> bool:
-        return self.expected is not None and self.n < self.expected
-
     def text(self) -> str:
         """``mean±std (n)``; ``(n/N)`` when N runs were expected; ``—`` when no run has the score."""
         if self.delta:

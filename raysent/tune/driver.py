@@ -71,7 +71,7 @@ from raysent.tune.publish import PublishError, check_publishing, publish, search
 from raysent.tune.records_transport import check_complete, restore_records, results_of, write_sent_records
 from raysent.tune.searchers import searcher_of
 from raysent.tune.seeds import run_seeds
-from raysent.tune.space import config_id, warm_source
+from raysent.tune.space import WARM_ARMS, config_id, warm_source
 from raysent.tune.state import ArmOutcome, Best, Comparison, FailedTrial, SearchState, Summary
 from raysent.tune.storage import (
     errored_for_space,
@@ -259,7 +259,7 @@ def run_final(cfg: ExperimentConfig, exp: Path, state: SearchState, arms: dict[s
     trainable = _trainable(cfg, ctx)
     storage, name = tune_storage(cfg, exp), final_run_name(arms, state.run)
     for arm, hp in arms.items():
-        label = f" ({_ARM_NAMES[warm_source(cfg)]}, to compare)" if arm else ""
+        label = f" ({WARM_ARMS[warm_source(cfg)]}, to compare)" if arm else ""
         say(f"final phase{label}: {hp or 'the configuration as given'} on seeds {seeds}")
     # a trial per (arm, seed); with one arm the space is the seeds alone, as before there were two arms
     param_space = {**({"arm": tune.grid_search(list(arms))} if len(arms) > 1 else {}),
@@ -313,9 +313,6 @@ def _retry_errored(path: str, say: Say) -> bool:
     if retry:
         say(f"--resume: {retry} trial(s) failed for lack of space; they run again")
     return bool(retry)
-
-
-_ARM_NAMES = {"paper": "the paper's setting", "file": "the file's setting"}
 
 
 def final_run_name(arms: dict[str, dict], run: str) -> str:

@@ -145,6 +145,10 @@ def _paper_value(cfg: ExperimentConfig, name: str) -> Any:
     return defaults.get(section, {}).get(field)
 
 
+# the warm-start arm in words, by where its values come from (warm_source): the driver's lines, the Python API's arms
+WARM_ARMS = {"paper": "the paper's setting", "file": "the file's setting"}
+
+
 def warm_source(cfg: ExperimentConfig) -> Literal["paper", "file"]:
     """Where the warm-start configuration's values come from: ``paper`` when each is the method's paper default,
     ``file`` when the experiment file set one to something else (the README's main job sets lr 1e-4, where

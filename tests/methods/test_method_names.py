@@ -1,10 +1,12 @@
-"""The methods' descriptions (raysent.methods.spec, read by raysent.config before torch loads) are the registry's:
-the same names in the same order, each registered method its spec's subclass, and reading them imports no torch."""
+"""The methods' descriptions (raysent.methods.spec, read by raysent.config before torch loads) are the one registry:
+each spec's implementation is its subclass and takes its description from it, and reading them imports no torch."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+
+import pytest
 
 from raysent.config import METHOD_NAMES
 from raysent.methods import METHODS, SPECS
@@ -12,6 +14,18 @@ from raysent.methods import METHODS, SPECS
 
 def test_the_torch_free_names_are_the_registry_in_its_order():
     assert tuple(METHODS) == tuple(SPECS) == METHOD_NAMES
+    assert all(METHODS[n].__module__ == SPECS[n].implementation.partition(":")[0] for n in SPECS)
+
+
+def test_an_implementation_that_is_not_its_specs_subclass_is_refused():
+    from raysent.methods.registry import _implementation
+    from raysent.methods.spec import SimCSEUnsupSpec
+
+    class Wrong(SimCSEUnsupSpec):
+        implementation = "raysent.methods.sbert_nli:SBERTNLI"
+
+    with pytest.raises(TypeError, match="must subclass Wrong and Method"):
+        _implementation(Wrong)
 
 
 def test_each_method_takes_its_description_from_its_spec():
