@@ -420,13 +420,13 @@ def _locked(cfg: ExperimentConfig, exp: Path, state: SearchState | None, lock: S
     removed = remove_leftovers(exp)  # what a search killed in the middle of a write left behind
     if removed:
         say(f"removed {removed} temporary file(s) a search killed before left in {exp}")
+    # the MLflow experiment and its registry checks before Ray starts (a taken model name is said in seconds);
+    # a run the resources check then refuses leaves that experiment, empty, behind
+    uri, exp_id = _open_mlflow(cfg)
     trains = state is None or state.phase not in ("publish", "done")
     place = None
     if trains or cfg.resources.address or os.environ.get("RAY_ADDRESS"):  # publishing may fetch a model from a node
         cfg, place = _start_ray(cfg, state, final_only, say)
-    # the MLflow experiment after the last check that can refuse the run (the resources, against this Ray): a
-    # refused run leaves no experiment behind
-    uri, exp_id = _open_mlflow(cfg)
     if state is not None and (restored := restore_records(cfg, exp, state.run)):
         say(f"--resume: {restored} run record(s) written again from the results Tune kept")
     if state is None:

@@ -64,9 +64,10 @@ def test_a_disk_that_fills_mid_search_is_one_error_and_resume_finishes_it(tmp_pa
     last = first.strip().splitlines()[-1]
     assert last.startswith(f"raysent: error: the disk of {disk / 'results' / 'full'} ran out of space (") and \
         "MB free now; the search needs about " in last and f"`raysent tune {path} --resume`" in last, first[-3000:]
-    # Tune logs each failed trial's traceback (ending in the disk's error); none comes from the search itself
-    assert "EOFError" not in first and first.count("Traceback") == 2, first[-3000:]
-    assert first.count("No space left on device") >= 2
+    # Tune logs each failed trial's traceback (the disk's error, as the trial met it: a trial on an OMP-limited
+    # test worker can fail inside torch.save or MLflow instead of safetensors); none comes from the search itself
+    assert "EOFError" not in first and "raysent/tune/driver.py" not in first, first[-3000:]
+    assert "No space left on device" in first
     assert not [n for n in (tmp_path / "runs.ls").read_text().split() if n.startswith(".")]  # no temporary file
 
     second = (tmp_path / "second.err").read_text()
