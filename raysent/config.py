@@ -146,9 +146,16 @@ class TrainConfig(Strict):
         "auto", description="on CPU (Linux): PyTorch puts tensors of 2 MB and more on transparent huge pages "
         "(THP_MEM_ALLOC_ENABLE), so the large tensors each step allocates afresh fault in 2 MB at a time instead "
         "of 4 KiB (same numbers). auto: on when training on a CPU, off on a GPU")
-    compile: bool = Field(False, description="torch.compile the encoder, with every batch padded to one of a few "
-                          "fixed widths (powers of two up to max_length) so the compiled graphs are reused; the "
-                          "same loss and gradients (tests/train/test_compile.py), a first steps' compile cost")
+    compile: bool | Literal["auto"] = Field(
+        "auto", description="torch.compile the encoder's training forward, every batch padded to one of a few fixed "
+        "widths (powers of two up to max_length) so each width compiles once; the same loss and gradients "
+        "(tests/train/test_compile.py), a compile cost in the first steps. auto: on a CUDA device, with CUDA graphs, "
+        "for a run of at least the break-even steps (2,490: docs/performance.md, \"train.compile: auto\"); off on a "
+        "CPU, for a shorter run, and with length_buckets > 1 or grad_cache_rows (each logged, and recorded in "
+        "result.json)")
+    compile_mode: Literal["auto", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = Field(
+        "auto", description="torch.compile's mode when the encoder is compiled. auto: reduce-overhead (CUDA graphs: "
+        "a step's kernels replayed without the host launching each) on a CUDA device, default on a CPU")
     grad_cache_rows: int | None = Field(None, gt=0, description="gradient caching (GradCache): encode the batch "
                                         "in chunks of N rows, so a contrastive batch larger than memory gives "
                                         "the loss and gradients of the whole batch (null: off)")
@@ -711,13 +718,16 @@ def _cross_checks(cfg: ExperimentConfig, method_cls, source: str, root, check_se
     if cfg.train.grad_cache_rows and not method_cls.supports_grad_cache:
         fail(("train", "grad_cache_rows"), f"got {cfg.train.grad_cache_rows}: method {cfg.method} does not support "
              "gradient caching (its augmentations act inside the encoder, row by row); allowed: null")
-    if cfg.train.compile and cfg.train.length_buckets not in ("auto", 1):
-        fail(("train", "length_buckets"), f"got {cfg.train.length_buckets}: train.compile pads every batch to a few "
-             "fixed widths for the compiled graphs; length buckets would give each piece its own width; allowed "
-             "with compile: auto or 1")
-    if cfg.train.compile and cfg.train.grad_cache_rows:
+    # only an explicit compile: true refuses these; compile: auto gives way to them (it resolves off, and says so:
+    # raysent.train.device.resolve_compile), so they stay allowed on every device
+    if cfg.train.compile is True and cfg.train.length_buckets not in ("auto", 1):
+        fail(("train", "length_buckets"), f"got {cfg.train.length_buckets}: train.compile: true pads every batch to a "
+             "few fixed widths for the compiled graphs; length buckets would give each piece its own width; allowed "
+             "with compile: true: auto or 1 (or train.compile: auto, which then leaves compiling off, or false)")
+    if cfg.train.compile is True and cfg.train.grad_cache_rows:
         fail(("train", "grad_cache_rows"), f"got {cfg.train.grad_cache_rows}: gradient caching trims each chunk to "
-             "its own widest row, a new shape for the compiled graph at every chunk; allowed with train.compile: null")
+             "its own widest row, a new shape for the compiled graph at every chunk; allowed with train.compile: "
+             "true: null (or train.compile: auto, which then leaves compiling off, or false)")
     if cfg.resources.workers and cfg.train.batch_size % cfg.resources.workers:
         fail(("train", "batch_size"), f"got {cfg.train.batch_size}: the global batch must split evenly over "
              f"resources.workers={cfg.resources.workers}")

@@ -123,15 +123,28 @@ class Encoder(nn.Module):
         self.length_buckets = 1
         self._grad_cache: GradCache | None = None
         self._compiled: Callable[..., Any] | None = None  # train.compile: the training forward, compiled
+        self._compiled_mode: str | None = None
 
-    def compile_for_training(self) -> None:
+    def compile_for_training(self, mode: str = "default") -> None:
         """``train.compile``: training forwards (not evaluation, whose batches take other shapes) go through
-        ``torch.compile`` of the model. Static shapes: the loop pads every batch to one of a few widths
-        (raysent.train.loop.compile_widths), so each width compiles once and is then reused."""
-        if self._compiled is None:
+        ``torch.compile`` of the model with ``mode`` (``reduce-overhead`` on CUDA: CUDA graphs). Static shapes: the
+        loop pads every batch to one of a few widths (raysent.train.loop.compile_widths), so each width compiles
+        once and is then reused (a CUDA graph per width).
+
+        Dropout stays random under compile and across CUDA-graph replays: inductor replaces the graph's random ops
+        by its own, seeded at every call by ``aten.randint`` on the device's default generator inside the compiled
+        code (``inductor_seeds``, ``RandomSeeds`` in torch/_inductor/ir.py and fx_passes/replace_random.py), and
+        the backward uses what the forward drew (AOT autograd's partitioner never recomputes a random op,
+        torch/_functorch/partitioners.py, "random op"). Captured in a CUDA graph, that generator is graph-safe:
+        each replay advances its Philox offset by what the capture consumed (ATen's Note [CUDA Graph-safe RNG
+        states], aten/src/ATen/CUDAGeneratorImpl.h), so every replay draws new masks, and the seed (train.seed)
+        decides them. They are not eager's masks: compiled and eager runs agree with dropout off
+        (tests/train/test_compile.py)."""
+        if self._compiled is None or self._compiled_mode != mode:
             # set past nn.Module.__setattr__: registered as a submodule, the compiled wrapper would put every weight
             # a second time into state_dict() and the checkpoints
-            object.__setattr__(self, "_compiled", torch.compile(self.model, dynamic=False))
+            object.__setattr__(self, "_compiled", torch.compile(self.model, dynamic=False, mode=mode))
+            self._compiled_mode = mode
 
     # ----------------------------------------------------------------- loading
     @classmethod
