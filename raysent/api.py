@@ -28,6 +28,7 @@ from raysent.config import ExperimentConfig, load_config, parse_config, user_ove
 from raysent.errors import RaysentError
 from raysent.preflight import preflight
 from raysent.report.runs import TASK_LABELS
+from raysent.train import compile_cache
 from raysent.train.records import read_record
 from raysent.tune.space import WARM_ARMS
 from raysent.tune.state import SearchState
@@ -191,6 +192,7 @@ def fit(config: ConfigLike, overrides: Mapping[str, Any] | None = None, *, outpu
     if output_dir is not None:
         cfg = with_overrides(cfg, {"train.output_dir": str(output_dir)})
     preflight(cfg, output_dir=True)
+    compile_cache.use_for(cfg)  # the experiment's compile caches, shared as a search's trials share them
     if cfg.resources.workers:
         from raysent.train.ray_train import train_with_ray
 

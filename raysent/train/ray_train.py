@@ -41,6 +41,7 @@ from raysent.errors import RaysentError
 from raysent.io import write_json_atomic
 from raysent.methods import Gatherer, Method
 from raysent.orphans import note_local_ray, stop_orphaned_local_ray
+from raysent.train import compile_cache
 from raysent.train import run as in_process
 from raysent.train.gather import DistributedGatherer
 from raysent.train.loop import BEST_DIR, STATE_FILE, TrainHooks, format_eval, link_tree
@@ -53,7 +54,8 @@ from raysent.train.run import finish, stage_dirs, stderr, train_once, train_stag
 SUMMARY_FILE = "summary.json"
 # environment a worker needs to find data and models (absolute paths from the driver)
 FORWARDED_ENV = ("RAYSENT_DATA_DIR", "RAYSENT_MODEL_DIR", "RAYSENT_CACHE_DIR", "HF_HOME", "HF_HUB_CACHE",
-                 "HF_DATASETS_CACHE", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
+                 "HF_DATASETS_CACHE", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE",
+                 *compile_cache.VARS)  # the search's compiler caches (raysent.train.compile_cache)
 
 
 # --------------------------------------------------------------------------- worker side
@@ -239,8 +241,10 @@ def train_worker(config: dict) -> None:
     claim_devices()  # given no GPU, it sees none (before anything below touches CUDA)
     for key, value in config.get("env", {}).items():
         # a node with its own copy of the data (cluster setup) keeps it; paths that exist here win
-        if key not in os.environ or not key.endswith("_DIR") or os.path.exists(value):
+        if key not in compile_cache.VARS and (key not in os.environ or not key.endswith("_DIR")
+                                              or os.path.exists(value)):
             os.environ[key] = value
+    compile_cache.take(config.get("env", {}))
     # Ray Train's per-report INFO lines would drown the progress lines; the module that writes them names
     # its logger by its file path, not by its module, so "ray.train" alone does not cover it
     names = ["ray.train"]

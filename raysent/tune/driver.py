@@ -59,6 +59,7 @@ from raysent.tracking import (
     start_run,
     tracking_uri,
 )
+from raysent.train import compile_cache
 from raysent.train.ray_train import init_ray, worker_env
 from raysent.train.records import check_records
 from raysent.train.resources import Placement, resolve, trials_at_once, tune_trial_resources
@@ -424,6 +425,8 @@ def _locked(cfg: ExperimentConfig, exp: Path, state: SearchState | None, lock: S
     # a run the resources check then refuses leaves that experiment, empty, behind
     uri, exp_id = _open_mlflow(cfg)
     trains = state is None or state.phase not in ("publish", "done")
+    # before Ray starts: its processes, the trials and their Ray Train workers share the experiment's compile caches
+    compile_cache.use_for(cfg)
     place = None
     if trains or cfg.resources.address or os.environ.get("RAY_ADDRESS"):  # publishing may fetch a model from a node
         cfg, place = _start_ray(cfg, state, final_only, say)

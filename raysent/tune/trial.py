@@ -28,6 +28,7 @@ from raysent.eval.results import Evaluation
 from raysent.eval.suite import evaluate_tasks
 from raysent.models.encoder import Encoder
 from raysent.tracking import LiveRun, log_training_run, run_name
+from raysent.train import compile_cache
 from raysent.train.loop import TrainHooks
 from raysent.train.memory import release_freed_memory
 from raysent.train.ray_train import delete_checkpoints, train_one_with_ray
@@ -283,8 +284,9 @@ def prepare_process(ctx: TrialContext) -> None:
     reuse_across_runs()
     sys.unraisablehook = quiet_exit
     for key, value in ctx.env.items():
-        if key not in os.environ or os.path.exists(value):
+        if key not in compile_cache.VARS and (key not in os.environ or os.path.exists(value)):
             os.environ[key] = value
+    compile_cache.take(ctx.env)  # the search's compiler caches, where this node sees its folder
 
 
 GATE_VAR = "RAYSENT_TRIAL_GATE"
