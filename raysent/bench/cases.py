@@ -175,9 +175,11 @@ def _method_case(spec: dict, scratch: str) -> dict:
     rows_in, rows_encoded = 0, 0
     t0 = time.perf_counter()
     # the loop's own loader: collated on the host, pinned and copied without blocking on CUDA
+    warmup_seconds = 0.0
     for i, batch in enumerate(device_batches(data, run.batches, run.hooks.device)):
         if i == warmup:
             _sync(torch)
+            warmup_seconds = time.perf_counter() - t0  # a compile included (train.compile)
             t0 = time.perf_counter()
         if i >= warmup:
             masks.append(_masks(batch))  # counted after the timed steps
@@ -204,6 +206,10 @@ def _method_case(spec: dict, scratch: str) -> dict:
         "peak_rss_mib": _peak_rss_mib(), "cuda_peak_mib": _cuda_peak_mib(torch), **run.record(),
         "prepare": run.prepared, "prepare_seconds": run.prepare_seconds,
         "last_loss": float(loss) if loss is not None else None,
+        "warmup_seconds": warmup_seconds,
+        # what the warm-up took beyond its steps at the timed rate: the compile, dynamo's trace and (CUDA graphs)
+        # the recording of each graph
+        "compile_seconds": (max(warmup_seconds - warmup * seconds / steps, 0.0) if run.settings.compile else None),
     }
 
 

@@ -52,6 +52,10 @@ def _targets(r: BenchResult) -> list[str]:
             *([row(f"GPU, batch {r.options.batch_size}: simcse-unsup MFU on its defaults", t.gpu_mfu,
                    _f(t.gpu_mfu.value * 100 if t.gpu_mfu.value is not None else None, ".1f", " %"),
                    f"≥ {t.gpu_mfu.target * 100:.0f} %")] if t.gpu_mfu is not None else []),
+            *([row("GPU: compile of a search's later trial (graphs in the shared cache) ÷ its first's",
+                   t.gpu_compile_again_vs_first, _f(t.gpu_compile_again_vs_first.value, ".2f"),
+                   f"≤ {t.gpu_compile_again_vs_first.target:.1f}")] if t.gpu_compile_again_vs_first is not None
+              else []),
             ""]
 
 
@@ -219,7 +223,12 @@ def _gpu(r: BenchResult) -> list[str]:
     if isinstance(resolved, dict):
         lines += ["simcse-unsup's defaults on this device: " + ", ".join(
             f"{k} {v}" + (" (auto)" if k in resolved.get("auto", []) else "")
-            for k, v in resolved.items() if k not in ("auto", "device")) + ".", ""]
+            for k, v in resolved.items() if k not in ("auto", "device", "compile_note", "compile_cache")) + ".", ""]
+    if g.compile_first and g.compile_again:
+        a, b = g.cases[g.compile_first], g.cases[g.compile_again]
+        lines += [f"Compile (the warm-up beyond its steps): `{g.compile_first}` {_f(a.compile_seconds, '.1f', ' s')} "
+                  f"with an empty cache, `{g.compile_again}` {_f(b.compile_seconds, '.1f', ' s')} from the cache the "
+                  f"first filled, as a search's later trial: {_f(g.compile_again_vs_first, '.2f')} of the first.", ""]
     if g.mfu_formula:
         lines += [f"MFU: {g.mfu_formula}.", ""]
     return lines

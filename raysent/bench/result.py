@@ -61,6 +61,11 @@ class CaseResult(_Model):
     peak_kind: str | None = Field(default=None, description="which peak: bf16 dense, tf32 dense or fp32")
     mfu: float | None = Field(default=None, description="the gpu part: model_tflops ÷ peak_tflops (before "
                               "peak_tflops was recorded: ÷ the device's bf16 peak)")
+    warmup_seconds: float | None = Field(default=None, description="raysent's cases: the untimed warm-up steps, "
+                                         "a compile included")
+    compile_seconds: float | None = Field(
+        default=None, description="raysent's compiled cases: the warm-up's seconds beyond what its steps take at the "
+        "timed rate, an estimate of the compile (None: not compiled)")
 
 
 class TrainingResult(_Model):
@@ -189,6 +194,14 @@ class GpuResult(_Model):
                                                  "settings against the defaults ({} for the defaults)")
     steps_per_second_vs_st_mnrl_bf16: dict[str, float] = Field(
         default_factory=dict, description="each case's steps/s ÷ sentence-transformers MNRL bf16's, same run")
+    compile_cache: str | None = Field(default=None, description="the compiler's cache folder the part's cases "
+                                      "share, empty at its start (so the first compile of a graph is cold)")
+    compile_first: str | None = Field(default=None, description="the first compiled case with the settings of a "
+                                      "later one (a search's first trial)")
+    compile_again: str | None = Field(default=None, description="that later case (a search's later trial: its "
+                                      "graphs in the cache)")
+    compile_again_vs_first: float | None = Field(default=None, description="compile_seconds of compile_again ÷ "
+                                                 "compile_first's")
 
 
 class ProfileCase(_Model):
@@ -245,6 +258,9 @@ class Targets(_Model):
     # batch of 512 or more
     gpu_simcse_unsup_vs_st_mnrl: Target | None = None
     gpu_mfu: Target | None = None
+    # issue 61: a search's later trial compiles from the shared caches, at most a tenth of the first's compile (lower
+    # is better; absent where no two compiled cases with the same settings ran)
+    gpu_compile_again_vs_first: Target | None = None
 
 
 class Machine(_Model):

@@ -53,6 +53,7 @@ TARGETS = {
     "sg_opt_cached_views": 1.8,
     "gpu_simcse_unsup_vs_st_mnrl": 3.0,  # issue 46: on a GPU, batch 64, length 32, bf16
     "gpu_mfu": 0.40,  # issue 46: at batch 512 (checked from GPU_MFU_BATCH up)
+    "gpu_compile_again_vs_first": 0.1,  # issue 61: a search's later trial's compile ÷ its first's
 }
 GPU_MFU_BATCH = 512
 # dense bf16 peak of common accelerators (TFLOP/s, without sparsity): the first pattern found in the device
@@ -280,11 +281,13 @@ def bench_speedups(opts: BenchOptions, rec: Recorder, training: TrainingResult |
 
 # --------------------------------------------------------------------------- the gpu part
 # each raysent case of the gpu part: the train settings it changes against simcse-unsup's defaults (on CUDA: bf16,
-# length_buckets 1, huge_pages off, fused_adamw on, no compile; raysent.train.device); the others are MNRL's
+# length_buckets 1, huge_pages off, fused_adamw on, compiled with CUDA graphs: the bench times the steps after the
+# compile, so compile: auto needs no break-even there; raysent.train.device); the others are MNRL's
 GPU_OVERRIDES: dict[str, dict[str, Any]] = {
-    "defaults": {}, "fp32": {"precision": "fp32"}, "length-buckets-4": {"length_buckets": 4},
-    "fused-adamw-off": {"fused_adamw": False}, "huge-pages-on": {"huge_pages": True}, "defaults-again": {},
-    "compile": {"compile": True}}
+    "defaults": {}, "eager": {"compile": False}, "fp32": {"precision": "fp32"},
+    "length-buckets-4": {"length_buckets": 4}, "fused-adamw-off": {"fused_adamw": False},
+    "huge-pages-on": {"huge_pages": True}, "defaults-again": {}, "compile": {"compile": True},
+    "compile-default": {"compile": True, "compile_mode": "default"}}
 GPU_ST = {"st-mnrl-bf16": "bf16", "st-mnrl-fp32": "fp32"}
 MFU_FORMULA = ("PaLM (Chowdhery et al. 2022, App. B): model FLOPs per token 6N + 12·L·H·Q·T, summed over a "
                "step's encoded sentences as 6N·ΣT + 12·L·H·Q·ΣT² (N: the encoder's parameters outside its "
@@ -343,11 +346,45 @@ def bench_gpu(opts: BenchOptions, rec: Recorder) -> GpuResult:
 
 
 def gpu_cases(opts: BenchOptions, rec: Recorder, device_name: str) -> GpuResult:
-    """The gpu part's cases (``opts.gpu_cases``, in that order) on whatever device the cases train on."""
+    """The gpu part's cases (``opts.gpu_cases``, in that order) on whatever device the cases train on. They share
+    one compiler cache, empty at the start (raysent.train.compile_cache): the first compiled case compiles cold, a
+    later one with the same settings finds its graphs there, as a search's later trial does."""
+    from raysent.train import compile_cache
+
+    with tempfile.TemporaryDirectory(prefix="raysent-bench-compile-") as cache:
+        saved = {var: os.environ.get(var) for var in compile_cache.VARS}
+        os.environ.update({compile_cache.INDUCTOR_VAR: cache,
+                           compile_cache.TRITON_VAR: str(Path(cache) / "triton")})  # the cases inherit them
+        try:
+            return _gpu_cases(opts, rec, device_name, cache)
+        finally:
+            for var, value in saved.items():
+                if value is None:
+                    os.environ.pop(var, None)
+                else:
+                    os.environ[var] = value
+
+
+def compile_again(cases: dict[str, CaseResult]) -> tuple[str, str] | None:
+    """The first two compiled cases, in the order run, that trained with the same settings (the first compiled
+    cold, the second from the cache the first filled), or None."""
+    seen: dict[str, str] = {}
+    for label, c in cases.items():
+        settings = getattr(c, "settings", None)
+        if c.compile_seconds is None or not isinstance(settings, dict) or not settings.get("compile"):
+            continue
+        key = json.dumps({k: v for k, v in settings.items() if k not in ("auto", "compile_note")}, sort_keys=True)
+        if key in seen:
+            return seen[key], label
+        seen[key] = label
+    return None
+
+
+def _gpu_cases(opts: BenchOptions, rec: Recorder, device_name: str, cache: str) -> GpuResult:
     peaks = device_peaks(device_name, opts.peak_tflops)
     out = GpuResult(device=device_name, peak_bf16_tflops=peaks["bf16"], peak_tf32_tflops=peaks["tf32"],
                     peak_fp32_tflops=peaks["fp32"], mfu_formula=MFU_FORMULA, cases={}, overrides={},
-                    steps_per_second_vs_st_mnrl_bf16={})
+                    steps_per_second_vs_st_mnrl_bf16={}, compile_cache=cache)
     rec.update("gpu", out)
     for label in opts.gpu_cases:
         if label in GPU_ST:
@@ -364,6 +401,11 @@ def gpu_cases(opts: BenchOptions, rec: Recorder, device_name: str) -> GpuResult:
         st = out.cases.get("st-mnrl-bf16")
         out.steps_per_second_vs_st_mnrl_bf16 = (
             {k: c.steps_per_second / st.steps_per_second for k, c in out.cases.items()} if st else {})
+        pair = compile_again(out.cases) if out.compile_again is None else None
+        if pair is not None:
+            first, again = out.cases[pair[0]].compile_seconds, out.cases[pair[1]].compile_seconds
+            out.compile_first, out.compile_again = pair
+            out.compile_again_vs_first = again / first if first and again is not None else None
         rec.update("gpu", out)
     return out
 
@@ -460,6 +502,9 @@ def check_targets(result: BenchResult) -> Targets:
         if result.options.batch_size >= GPU_MFU_BATCH:
             d = g.cases.get("defaults")
             gpu["gpu_mfu"] = entry(d.mfu if d is not None else None, TARGETS["gpu_mfu"])
+        if g.compile_again_vs_first is not None:
+            gpu["gpu_compile_again_vs_first"] = entry(g.compile_again_vs_first, TARGETS["gpu_compile_again_vs_first"],
+                                                      False)
     return Targets(
         simcse_unsup_vs_st_mnrl=entry(tr.steps_per_second_vs_st_mnrl.get("simcse-unsup") if tr else None,
                                       TARGETS["simcse_unsup_vs_st_mnrl"]),

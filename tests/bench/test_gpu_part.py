@@ -107,6 +107,46 @@ def test_the_gpu_cases_run_in_the_order_given_and_a_failed_one_is_lost_alone(mon
     assert "* `gpu`, case `fp32` failed" in md and "PaLM (Chowdhery et al. 2022, App. B)" in md
 
 
+def test_a_later_compiled_case_with_the_settings_of_an_earlier_one_is_a_searchs_later_trial(monkeypatch):
+    """The gpu part's cases share one compiler cache, empty at its start and gone after it: the first compiled case
+    compiles cold, the next with the same settings (defaults-again after defaults) finds its graphs there, and
+    its compile ÷ the first's is the target of issue 61 (≤ 0.1)."""
+    import os
+
+    from raysent.bench import runner
+    from raysent.train.compile_cache import INDUCTOR_VAR, TRITON_VAR
+
+    monkeypatch.setenv(INDUCTOR_VAR, "/exported")
+    caches: list[str] = []
+    compiled = {"device": "cuda", "precision": "bf16", "compile": True, "compile_mode": "reduce-overhead",
+                "auto": ["compile"]}
+    cases = {"defaults": (compiled, 40.0), "eager": ({**compiled, "compile": False, "compile_mode": None}, None),
+             "fp32": ({**compiled, "precision": "fp32"}, 38.0),
+             "defaults-again": ({**compiled, "compile_note": "another note"}, 2.0), "compile": (compiled, 1.5)}
+
+    def fake_case(spec, say, model=CaseResult):
+        caches.append(os.environ[INDUCTOR_VAR])
+        assert os.environ[TRITON_VAR] == os.environ[INDUCTOR_VAR] + "/triton"
+        settings, seconds = cases[spec["label"]]
+        return case(precision="bf16", settings=settings, compile_seconds=seconds)
+
+    monkeypatch.setattr(runner, "run_case", fake_case)
+    opts = BenchOptions(parts=["gpu"], gpu_cases=list(cases))
+    rec = _recorder(opts, [])
+    g = gpu_cases(opts, rec, "NVIDIA H200")
+    assert len(set(caches)) == 1 and caches[0] == g.compile_cache and caches[0] != "/exported"
+    assert not os.path.exists(caches[0]) and os.environ[INDUCTOR_VAR] == "/exported"  # removed, and put back
+    assert (g.compile_first, g.compile_again) == ("defaults", "defaults-again")  # not fp32: other graphs
+    assert g.compile_again_vs_first == pytest.approx(0.05)
+    targets = check_targets(rec.result)
+    assert targets.gpu_compile_again_vs_first is not None and targets.gpu_compile_again_vs_first.met is True
+    md = format_markdown(BenchResult.model_validate(rec.result.to_json()))
+    assert ("| GPU: compile of a search's later trial (graphs in the shared cache) ÷ its first's | 0.05 | ≤ 0.1 | "
+            "yes |") in md
+    assert ("Compile (the warm-up beyond its steps): `defaults` 40.0 s with an empty cache, `defaults-again` 2.0 s "
+            "from the cache the first filled, as a search's later trial: 0.05 of the first.") in md
+
+
 def test_a_batch_below_512_has_no_mfu_target_and_a_record_without_gpu_cases_no_gpu_target():
     result = BenchResult(options=BenchOptions(batch_size=64), started=dt.datetime(2026, 11, 26, 9, 30),
                          machine=Machine(platform="p", python="3", cpus=2, torch="t", transformers="t",

@@ -181,7 +181,7 @@ def test_the_gpu_and_profile_options_are_checked():
     from raysent.errors import RaysentError
 
     with pytest.raises(RaysentError, match=r"--gpu-cases: unknown case\(s\) bf16; allowed, each at most once, in the "
-                                           r"order to run them: defaults, st-mnrl-bf16, fp32"):
+                                           r"order to run them: defaults, st-mnrl-bf16, eager, fp32"):
         BenchOptions(gpu_cases=["defaults", "bf16"]).check()
     with pytest.raises(RaysentError, match=r"--gpu-cases: case\(s\) given twice: fp32"):
         BenchOptions(gpu_cases=["fp32", "defaults", "fp32"]).check()

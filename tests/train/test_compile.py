@@ -35,11 +35,18 @@ METHODS = [
     ("simcse-sup", {"hard_negative_weight": 0.3, "pooling": "mean"}, "nli-triplets"),
     ("sg", {"loss": "opt1"}, "sts-unlabeled"),
     ("sg-opt", {}, "sts-unlabeled"),
-    ("consert", {"augmentations": ["shuffle", "feature_cutoff"]}, "sts-unlabeled"),
-    ("layeratt", {"objective": "eq8"}, "nli-triplets"),
+    # consert: its views draw inside the compiled encoder (inductor's RNG, and the wider padding draws other
+    # numbers), so compared here with rate-0 cutoffs: the augmentation hooks run, the views they draw equal the input
+    ("consert", {"augmentations": ["token_cutoff", "feature_cutoff"], "token_cutoff_rate": 0.0,
+                 "feature_cutoff_rate": 0.0}, "sts-unlabeled"),
+    ("layeratt", {"objective": "eq8"}, "nli-triplets"),  # in float64: see FLOAT64
     ("supcon", {}, "snli:dev+test"),
     ("sbert-nli", {}, "snli:dev+test"),
 ]
+# compared in float64: layeratt's gradients on the tiny random BERT are small differences of large terms (the largest
+# is 0.007 for a loss of 3.46), so inductor's reordered float32 sums move every tensor's by 6e-4 of its largest; in
+# float64 compiled and eager agree to 1.6e-12 (measured), so the difference is rounding, not the graph
+FLOAT64 = {"layeratt"}
 
 
 def test_compile_widths_are_few_and_end_at_max_length():
@@ -53,6 +60,8 @@ def _step(method_name: str, params: dict, data: str, compile: bool, model: str, 
                         "params": params, "data": {"train": data, "max_train_samples": 64},
                         "train": {"batch_size": ROWS, "max_length": 32, "compile": compile}})
     m = build_method(cfg)  # seeded: the same heads every time
+    if method_name in FLOAT64:
+        m.double()
     tok, groups, _ = prepare_data(cfg, m)
     settings = resolve(cfg.train, "cpu")
     stepper = Stepper(cfg, m, TrainHooks(tmp_path), None, None, settings=settings)
@@ -176,7 +185,8 @@ def test_compiled_step_has_the_eager_loss_and_gradients(method, params, data, ti
     largest = max(float(g.abs().max()) for g in grads_e.values())
     for name, ref in grads_e.items():
         scale = max(float(ref.abs().max()), 1e-2 * largest)
-        torch.testing.assert_close(grads_c[name], ref, rtol=0, atol=5e-5 * scale, msg=name)
+        torch.testing.assert_close(grads_c[name], ref, rtol=0, atol=(1e-9 if method in FLOAT64 else 5e-5) * scale,
+                                   msg=name)
 
 
 @pytest.mark.parametrize("train,field", [({"length_buckets": 4}, "length_buckets"),
