@@ -110,6 +110,8 @@ def check_resources(cfg: ExperimentConfig, one_run: bool = False) -> dict[str, A
         out["trains on"] = (f"{'cuda' if have['GPU'] else 'the CPU'} in this process (without resources.workers "
                             "`raysent train` starts no Ray: it trains on the device it sees)")
     elif place.at_once is not None and not short:
+        if place.trials_per_gpu:
+            out["trials per GPU"] = place.trials_per_gpu
         out["trials at once"] = f"{place.at_once} ({place.limit})"
     if short:
         out["note"] = ("more than the cluster has now: it waits for the autoscaler to add nodes; "

@@ -46,7 +46,7 @@ from raysent.train import run as in_process
 from raysent.train.gather import DistributedGatherer
 from raysent.train.loop import BEST_DIR, STATE_FILE, TrainHooks, format_eval, link_tree
 from raysent.train.records import TrainSummary, read_summary
-from raysent.train.resources import HIDE_ON_ZERO, claim_devices, resolve, resolved, train_worker_resources
+from raysent.train.resources import HIDE_ON_ZERO, cap_memory, claim_devices, resolve, resolved, train_worker_resources
 from raysent.train.run import finish, stage_dirs, stderr, train_once, train_stages
 
 # Lazy imports: pyarrow, ray (heavy, and only the functions that need them import them).
@@ -238,7 +238,7 @@ def train_worker(config: dict) -> None:
     """The train function of every Ray Train worker (:func:`make_trainer`'s): :func:`raysent.train.run.train_once`,
     as in process, with :class:`RayHooks`."""
     entered = time.time()
-    claim_devices()  # given no GPU, it sees none (before anything below touches CUDA)
+    device = claim_devices()  # given no GPU, it sees none (before anything below touches CUDA)
     for key, value in config.get("env", {}).items():
         # a node with its own copy of the data (cluster setup) keeps it; paths that exist here win
         if key not in compile_cache.VARS and (key not in os.environ or not key.endswith("_DIR")
@@ -257,6 +257,8 @@ def train_worker(config: dict) -> None:
     for name in names:
         logging.getLogger(name).setLevel(logging.WARNING)
     cfg = parse_config(config["config"], source="<ray worker config>")
+    if cfg.resources.gpus_per_worker != "auto":  # make_trainer resolved it
+        cap_memory(device, float(cfg.resources.gpus_per_worker))  # one worker on a share of a GPU: at most its memory
     train_once(cfg, RayHooks(cfg, quiet=config.get("quiet", False)), startup={"entered_unix": entered})
 
 

@@ -126,6 +126,9 @@ class RunRecord(BaseModel):
     best_model_dir: str | None = None
     node: str | None = Field(None, description="the Ray node the run trained on (its best model is on that node's "
                                                "disk)")
+    resources: dict[str, Any] | None = Field(None, description="what it was given: GPUs per trial, trials per GPU and "
+                                             "at once, the memory cap of a trial sharing a GPU, how auto chose "
+                                             "(raysent.train.resources.run_record); absent before 2026-12")
     wall_seconds: float | None = None
     finished_at: float | None = None
     stopped: StoppedBy | None = Field(None, description="by whom and at which step a scheduler ended it")

@@ -9,6 +9,15 @@ no other.
     and hands the trials the number (their configs, and so their run records and ``result.json``, hold it). A
     fraction shares a GPU: 0.25 runs four trials on each GPU (Tune places them by the ``GPU`` resource they ask
     for, :func:`tune_trial_resources`).
+Many trials per GPU (:mod:`raysent.train.packing`)
+    A search's trials that train in their own process (``resources.workers: null``) are packed under ``auto``:
+    ``raysent tune`` measures the trial's own training step on one GPU at 1, 2, 4, ... copies at once
+    (:mod:`raysent.tune.gpu_probe`, once per search, cached in the experiment's folder) and passes the choice to
+    :func:`resolve` (``packing``): ``k`` trials per GPU ask for ``1/k`` GPU each. Without a CUDA device to measure
+    on, or for Ray Train trials (their workers form an NCCL group, which cannot share a GPU), auto stays 1 per GPU.
+    A number given in the config wins. A process given a share of a GPU (below 1, given or chosen) caps its memory
+    at that share of what :data:`raysent.train.packing.HEADROOM` leaves (:func:`cap_memory`). Every run record keeps
+    what its trial was given (:func:`run_record`).
 ``search.max_concurrent_trials: auto``
     The default: as many trials as the cluster holds (its GPUs, or CPUs for CPU trials, over what one trial asks
     for), the nodes its autoscaler can start included; a number caps it (:func:`concurrency`).
@@ -45,6 +54,7 @@ from typing import Any
 import torch
 
 from raysent.config import ExperimentConfig, with_overrides
+from raysent.train.packing import Packing, memory_fraction, trials_per_gpu
 
 VISIBLE = "CUDA_VISIBLE_DEVICES"
 # set in the environment of a Ray that raysent starts (raysent.train.ray_train.LOCAL_RAY_ENV)
@@ -123,12 +133,21 @@ def auto_gpus(cluster_gpus: float) -> float:
     return 1.0 if cluster_gpus > 0 else 0.0
 
 
-def gpus_per_worker(cfg: ExperimentConfig, cluster_gpus: float | None) -> float | None:
-    """``resources.gpus_per_worker`` as a number (``auto`` resolved against ``cluster_gpus``; None when it is
-    ``auto`` and the cluster's GPUs are not known)."""
+def packable(cfg: ExperimentConfig) -> bool:
+    """Whether ``auto`` may pack ``cfg``'s trials onto a GPU: ``gpus_per_worker: auto`` and trials that train in their
+    own process (Ray Train's workers form an NCCL group, which cannot hold two workers on one GPU)."""
+    return cfg.resources.gpus_per_worker == "auto" and not cfg.resources.workers
+
+
+def gpus_per_worker(cfg: ExperimentConfig, cluster_gpus: float | None, packing: Packing | None = None) -> float | None:
+    """``resources.gpus_per_worker`` as a number (``auto`` resolved against ``cluster_gpus``, and ``packing``'s share
+    when it packs; None when it is ``auto`` and the cluster's GPUs are not known)."""
     value = cfg.resources.gpus_per_worker
     if value == "auto":
-        return None if cluster_gpus is None else auto_gpus(cluster_gpus)
+        if cluster_gpus is None:
+            return None
+        gpus = auto_gpus(cluster_gpus)
+        return packing.gpus_per_worker if packing is not None and gpus == 1 and packable(cfg) else gpus
     return float(value)
 
 
@@ -176,14 +195,24 @@ class Placement:
     device: str  # what each trial (each of its workers) trains on
     at_once: int | None  # trials that run at once
     limit: str  # what sets at_once
+    trials_per_gpu: int | None = None  # trials that share one GPU (0: they train on the CPU; None: not known yet)
+    packing: dict[str, Any] | None = None  # how auto chose trials_per_gpu (Packing.record), when it measured
+    packs: bool = False  # auto may pack these trials onto a GPU (packable, on a cluster with GPUs)
 
     def gpus(self) -> str:
         """``resources.gpus_per_worker`` as the run uses it, and why when it was ``auto``."""
         if self.gpus_per_worker is None:
-            return "auto: 1 if the Ray cluster has GPUs, or its autoscaler can start nodes with GPUs, else 0"
+            return ("auto: 1 if the Ray cluster has GPUs, or its autoscaler can start nodes with GPUs, else 0; "
+                    "trials in their own process are packed onto a GPU when a probe on it measures that packing "
+                    "trains faster")
         if not self.auto or self.cluster is None:
             return f"{self.gpus_per_worker:g}"
         have = self.cluster.get("GPU", 0.0)
+        if have and self.packing is not None:
+            return f"{self.gpus_per_worker:g} (auto: {self.packing['reason']})"
+        if have and self.packs:
+            return (f"{self.gpus_per_worker:g} (auto: {self.where} has {have:g} GPU(s); how many trials share one is "
+                    "measured on a GPU when the search starts)")
         if have:
             return f"{self.gpus_per_worker:g} (auto: {self.where} has {have:g} GPU(s))"
         grows = ("; if it adds GPU nodes that its autoscaler does not declare, give the number: "
@@ -193,8 +222,9 @@ class Placement:
 
     def describe(self) -> str:
         """One line for the log."""
+        per_gpu = f"; {self.trials_per_gpu} trial(s) per GPU" if self.trials_per_gpu else ""
         at_once = f"; {self.at_once} trial(s) at once ({self.limit})" if self.at_once is not None else ""
-        return f"resources.gpus_per_worker {self.gpus()}: each trial trains on {self.device}{at_once}"
+        return f"resources.gpus_per_worker {self.gpus()}: each trial trains on {self.device}{per_gpu}{at_once}"
 
     def record(self) -> dict[str, Any]:
         return asdict(self)
@@ -209,7 +239,9 @@ def trial_device(cfg: ExperimentConfig, gpus: float | None) -> str:
     if gpus == 0:
         return f"the CPU{where} (it asks for no GPU and sees none)"
     if gpus < 1:
-        share = f"{gpus:g} of a GPU, shared with {math.floor(1 / gpus + EPS) - 1} other trial(s)"
+        fraction = memory_fraction(gpus)
+        share = (f"{gpus:g} of a GPU, shared with {trials_per_gpu(gpus) - 1} other trial(s), its memory capped at "
+                 f"{fraction:.1%} of the GPU's")
     else:
         share = f"{gpus:g} GPU(s)" + (" (it trains on the first)" if gpus > 1 and not w else "")
     return f"cuda{where}: {share}" + (" (NCCL)" if w else "")
@@ -235,15 +267,21 @@ def concurrency(cfg: ExperimentConfig, cluster: dict[str, float], gpus: float,
 
 
 def placement(cfg: ExperimentConfig, cluster: dict[str, float] | None, where: str,
-              trials: int | None = None) -> Placement:
-    """Where ``cfg``'s trials train and how many run at once on ``cluster`` (None: not known yet)."""
-    gpus = gpus_per_worker(cfg, None if cluster is None else cluster.get("GPU", 0.0))
+              trials: int | None = None, packing: Packing | None = None) -> Placement:
+    """Where ``cfg``'s trials train, how many share a GPU and how many run at once on ``cluster`` (None: not known
+    yet); ``packing``: what the GPU probe chose for ``auto`` (:mod:`raysent.tune.gpu_probe`; a number in the config
+    wins)."""
+    gpus = gpus_per_worker(cfg, None if cluster is None else cluster.get("GPU", 0.0), packing)
     auto = cfg.resources.gpus_per_worker == "auto"
+    packs = bool(packable(cfg) and gpus)
+    packed = packing.record() if packing is not None and packs else None
+    per_gpu = None if gpus is None else trials_per_gpu(gpus)
     if gpus is None or cluster is None:
         return Placement(gpus, auto, cluster, where, None if gpus is None else run_resources(cfg, gpus),
-                         trial_device(cfg, gpus), None, "the cluster is not known yet")
+                         trial_device(cfg, gpus), None, "the cluster is not known yet", per_gpu, packed, packs)
     at_once, limit = concurrency(cfg, cluster, gpus, trials)
-    return Placement(gpus, auto, cluster, where, run_resources(cfg, gpus), trial_device(cfg, gpus), at_once, limit)
+    return Placement(gpus, auto, cluster, where, run_resources(cfg, gpus), trial_device(cfg, gpus), at_once, limit,
+                     per_gpu, packed, packs)
 
 
 def cluster_capacity() -> tuple[dict[str, float], str] | None:
@@ -273,18 +311,36 @@ def this_machine() -> dict[str, float]:
 
 
 def resolve(cfg: ExperimentConfig, cluster: dict[str, float] | None = None,
-            where: str = "the Ray cluster", trials: int | None = None) -> tuple[ExperimentConfig, Placement]:
+            where: str = "the Ray cluster", trials: int | None = None,
+            packing: Packing | None = None) -> tuple[ExperimentConfig, Placement]:
     """``cfg`` with ``resources.gpus_per_worker`` a number, and its :class:`Placement`. ``cluster``: the CPUs
-    and GPUs to resolve against (default: the Ray this process is connected to, else this machine)."""
+    and GPUs to resolve against (default: the Ray this process is connected to, else this machine); ``packing``:
+    the trials per GPU ``auto`` chose (:mod:`raysent.tune.gpu_probe`; without it, auto is 1 per GPU)."""
     if cluster is None:
         found = cluster_capacity()
         cluster, where = found if found is not None else (this_machine(), "this machine")
-    place = placement(cfg, cluster, where, trials)
+    place = placement(cfg, cluster, where, trials, packing)
     if cfg.resources.gpus_per_worker == "auto":
         cfg = with_overrides(cfg, {"resources.gpus_per_worker": place.gpus_per_worker})
     if cfg.search is not None and cfg.search.max_concurrent_trials == "auto":
         cfg = with_overrides(cfg, {"search.max_concurrent_trials": concurrency(cfg, cluster, concrete(cfg))[0]})
     return cfg, place
+
+
+def run_record(cfg: ExperimentConfig, place: dict[str, Any] | None, trials: int | None) -> dict[str, Any]:
+    """What every run record of a phase of ``trials`` trials keeps of its resources: the GPUs each trial asked for,
+    the trials per GPU and at once, the memory cap of a trial that shares a GPU, and how ``auto`` chose (``place``:
+    the search's :meth:`Placement.record`)."""
+    gpus = concrete(cfg)
+    cluster = (place or {}).get("cluster")
+    at_once = (concurrency(cfg, cluster, gpus, trials)[0] if cluster else
+               min(trials_at_once(cfg), trials) if trials is not None else trials_at_once(cfg))
+    out: dict[str, Any] = {"gpus_per_worker": gpus, "trials_per_gpu": trials_per_gpu(gpus), "trials_at_once": at_once,
+                           "memory_fraction": memory_fraction(gpus), "auto": bool((place or {}).get("auto"))}
+    packing = (place or {}).get("packing")
+    if packing:
+        out["chosen"] = packing["reason"]
+    return out
 
 
 def trials_at_once(cfg: ExperimentConfig) -> int:
@@ -311,6 +367,19 @@ def assigned_gpu_ids() -> list[str]:
     return [str(i) for i in ray.get_gpu_ids()]
 
 
+def cap_memory(device: torch.device, gpus: float) -> float | None:
+    """In a process given ``gpus`` (a share below 1) of the CUDA ``device``: cap what its caching allocator may hold
+    at :func:`raysent.train.packing.memory_fraction` of the device's memory (``set_per_process_memory_fraction``), so
+    that it cannot run the trials it shares the GPU with out of memory; beyond it, it fails with CUDA's out-of-memory
+    error. Returns the cap (a fraction of the device's memory), None when there is none (a whole GPU, the CPU).
+    Calling it again (a reused trial process) sets the new trial's cap, or lifts it."""
+    fraction = memory_fraction(gpus)
+    if device.type != "cuda":
+        return None
+    torch.cuda.set_per_process_memory_fraction(1.0 if fraction is None else fraction, device)
+    return fraction
+
+
 def claim_devices(gpu_ids: list[str] | None = None) -> torch.device:
     """What a Tune trial or Ray Train worker does first: given no GPU (``gpu_ids``, default Ray's
     ``ray.get_gpu_ids()``), hide every GPU (``CUDA_VISIBLE_DEVICES=""``, before torch touches CUDA) and train on
@@ -325,5 +394,5 @@ def claim_devices(gpu_ids: list[str] | None = None) -> torch.device:
     return default_device()
 
 
-__all__ = ["HIDE_ON_ZERO", "Placement", "claim_devices", "placement", "resolve", "tune_trial_resources",
-           "train_worker_resources"]
+__all__ = ["HIDE_ON_ZERO", "Placement", "cap_memory", "claim_devices", "packable", "placement", "resolve",
+           "run_record", "tune_trial_resources", "train_worker_resources"]

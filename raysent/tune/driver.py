@@ -62,7 +62,7 @@ from raysent.tracking import (
 from raysent.train import compile_cache
 from raysent.train.ray_train import init_ray, worker_env
 from raysent.train.records import check_records
-from raysent.train.resources import Placement, resolve, trials_at_once, tune_trial_resources
+from raysent.train.resources import Placement, resolve, run_record, trials_at_once, tune_trial_resources
 from raysent.tune import mlflow_server
 from raysent.tune.best import arm_outcome, by_configuration, log_configurations, pick_best, records, write_best_yaml
 from raysent.tune.diskspace import disk_full, space_needed
@@ -153,10 +153,11 @@ def _trainable(cfg: ExperimentConfig, ctx: TrialContext, together: bool = False)
 
 
 def _context(cfg: ExperimentConfig, exp: Path, state: SearchState, phase: str, mlflow: MlflowTarget | None,
-             **extra: Any) -> TrialContext:
+             trials: int, **extra: Any) -> TrialContext:
     return TrialContext(config=cfg.to_dict(), source=state.source, phase=phase, run=state.run, exp_dir=str(exp),
                         metric=tune_metric(cfg), mlflow=mlflow, env=worker_env(), driver_node=this_node(),
-                        gate=os.environ.get(GATE_VAR) or None, **extra)
+                        gate=os.environ.get(GATE_VAR) or None, resources=run_record(cfg, state.resources, trials),
+                        **extra)
 
 
 # --------------------------------------------------------------------------- the phases
@@ -192,7 +193,7 @@ def run_search(cfg: ExperimentConfig, plan: SearchPlan, exp: Path, state: Search
     s = cfg.search
     assert s is not None
     run, metric = state.run, tune_metric(cfg)
-    ctx = _context(cfg, exp, state, "search", mlflow)
+    ctx = _context(cfg, exp, state, "search", mlflow, plan.trials)
     trainable = _trainable(cfg, ctx, together=plan.together)
     searcher, param_space = searcher_of(cfg, plan, exp, run, metric)
     scheduler, callbacks = early_stopping(cfg, ctx, metric)  # ASHA or Wilcoxon; the trials they stop get a record
@@ -256,7 +257,7 @@ def run_final(cfg: ExperimentConfig, exp: Path, state: SearchState, arms: dict[s
     from ray.tune import RunConfig, TuneConfig, Tuner
 
     seeds = list(cfg.seeds)
-    ctx = _context(cfg, exp, state, "final", mlflow, arms=arms)
+    ctx = _context(cfg, exp, state, "final", mlflow, len(arms) * len(seeds), arms=arms)
     trainable = _trainable(cfg, ctx)
     storage, name = tune_storage(cfg, exp), final_run_name(arms, state.run)
     for arm, hp in arms.items():

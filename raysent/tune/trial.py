@@ -33,7 +33,7 @@ from raysent.train.loop import TrainHooks
 from raysent.train.memory import release_freed_memory
 from raysent.train.ray_train import delete_checkpoints, train_one_with_ray
 from raysent.train.records import RunIdentity, RunRecord, TrainSummary, diverged, learned, read_record
-from raysent.train.resources import claim_devices
+from raysent.train.resources import cap_memory, claim_devices
 from raysent.train.run import reuse_across_runs, train_in_process, train_stages
 from raysent.tune.space import config_id, decode
 
@@ -75,6 +75,9 @@ class TrialContext(BaseModel):
     # RAYSENT_TRIAL_GATE of the driver (tests): a folder in which each trial signals its start and waits for its turn
     # (:func:`wait_at_gate`), so that a test interrupts a search at a point the code signals, not after a delay
     gate: str | None = None
+    # what every run of the phase was given (raysent.train.resources.run_record): GPUs per trial, trials per GPU and
+    # at once, the memory cap of a trial that shares a GPU, how auto chose; kept in each run record
+    resources: dict[str, Any] = {}
 
     @property
     def experiment(self) -> str:
@@ -209,7 +212,7 @@ def build_record(ctx: TrialContext, cfg: ExperimentConfig, hp: dict, seed: int, 
     record = RunRecord(
         experiment=ctx.experiment, phase=ctx.phase, search=ctx.run, config_id=config_id(hp), hp=hp, seed=seed,
         trial_id=trial_id, node=this_node(), method=cfg.method, model=cfg.model.name,
-        hyperparameters=hyperparameters(cfg), config=cfg.to_dict(), **fields)
+        hyperparameters=hyperparameters(cfg), config=cfg.to_dict(), resources=ctx.resources or None, **fields)
     return record.model_copy(update={"learned": learned(record.method, record.best_step),
                                      "diverged": diverged(record.initial_dev, record.dev_curve)})
 
@@ -275,11 +278,15 @@ def drop_checkpoints(cfg: ExperimentConfig) -> None:
 # --------------------------------------------------------------------------- the trial
 def prepare_process(ctx: TrialContext) -> None:
     """What a trial's process does before its trial: claim the devices Ray gave it and no others (given no GPU,
-    it sees none: :func:`~raysent.train.resources.claim_devices`, before anything touches CUDA), hand back the
+    it sees none: :func:`~raysent.train.resources.claim_devices`, before anything touches CUDA; given a share of a
+    GPU, its memory is capped at that share: :func:`~raysent.train.resources.cap_memory`), hand back the
     memory the trial before it freed (Tune reuses the process, reuse_trial_processes) and keep what the next trial
     can reuse (the model read from disk, the tokenized data: :func:`~raysent.train.run.reuse_across_runs`), end
     quietly when Ray ends it, and take the driver's data folders."""
-    claim_devices()
+    device = claim_devices()
+    share = (ctx.config.get("resources") or {}).get("gpus_per_worker")
+    if isinstance(share, (int, float)):  # the driver resolved auto (a config handed over unresolved: no cap)
+        cap_memory(device, float(share))  # a share of a GPU: at most its share of the memory
     release_freed_memory()
     reuse_across_runs()
     sys.unraisablehook = quiet_exit

@@ -10,6 +10,23 @@ import sys
 import time
 
 TARGET = 4  # probes that wait for this many to hold their resources at once
+GIB = 2**30
+
+
+def measured_probe(cfg=None, rates=(30.0, 55.0, 57.0), peak_gib: float = 2.0, most: int = 8):
+    """A GPU probe's measurements as an H200 gives them for a small trial (1, 2, 4 copies: ``rates`` steps/s
+    together, ``peak_gib`` each), of ``cfg``'s trials when given: what `raysent tune` caches in the experiment's
+    folder. With the default rates auto chooses 2 trials per GPU (4 gain less than 5 % more)."""
+    from raysent.train.packing import Probe, ProbePoint
+
+    points = tuple(ProbePoint(k, rate, int(peak_gib * GIB), int(k * (peak_gib + 0.5) * GIB))
+                   for k, rate in zip((1, 2, 4), rates))
+    key = {}
+    if cfg is not None:
+        from raysent.tune.gpu_probe import probe_key
+
+        key = probe_key(cfg)
+    return Probe(device="NVIDIA H200", total_bytes=141 * GIB, points=points, most=most, key=key, seconds=40.0)
 
 
 def probe_trial(config: dict) -> None:

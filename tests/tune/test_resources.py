@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from raysent import preflight
-from raysent.config import load_config, parse_config
+from raysent.config import load_config, parse_config, with_overrides
 from raysent.errors import ConfigError
 from raysent.preflight import check_resources
 from raysent.train import resources
@@ -33,6 +33,10 @@ from conftest import RAW_BERT
 
 BASE = {"name": "r", "method": "simcse-unsup", "model": {"name": RAW_BERT},
         "search": {"algorithm": "grid", "warm_start": "none", "max_concurrent_trials": 8, "space": {"lr": {"type": "choice", "values": [1.0e-4, 3.0e-4]}}}}
+
+
+SHARED_QUARTER = ("cuda in its own process: 0.25 of a GPU, shared with 3 other trial(s), its memory capped at 22.5% of "
+                  "the GPU's")
 
 
 def cfg(**res):
@@ -84,7 +88,7 @@ def test_trials_at_once_are_what_the_gpus_cpus_and_max_concurrent_trials_allow()
     one_gpu = {"CPU": 16.0, "GPU": 1.0}
     place = placement(cfg(gpus_per_worker=0.25), one_gpu, "the Ray cluster", trials=8)
     assert (place.at_once, place.limit) == (4, "1 GPUs / 0.25 per trial")
-    assert place.device == "cuda in its own process: 0.25 of a GPU, shared with 3 other trial(s)"
+    assert place.device == SHARED_QUARTER
     assert placement(cfg(gpus_per_worker=0.25), one_gpu, "x", trials=2).at_once == 2  # a phase of 2 trials
     assert placement(cfg(gpus_per_worker=0.25, cpus_per_worker=8), one_gpu, "x").at_once == 2  # the CPUs
     four = placement(cfg(workers=2, gpus_per_worker=1), {"CPU": 64.0, "GPU": 4.0}, "x")
@@ -162,14 +166,16 @@ def test_preflight_and_the_dry_run_say_where_each_trial_trains_and_how_many_run_
     monkeypatch.setattr(resources, "this_machine", lambda: {"CPU": 16.0, "GPU": 1.0})  # a one-GPU machine
     c = cfg(gpus_per_worker=0.25)
     checked = check_resources(c)
-    assert checked["trains on"] == "cuda in its own process: 0.25 of a GPU, shared with 3 other trial(s)"
+    assert checked["trains on"] == SHARED_QUARTER
     assert checked["trials at once"] == "4 (1 GPUs / 0.25 per trial)" and checked["per trial"]["GPU"] == 0.25
     plan = dry_run(c, tmp_path / "r").to_dict()["resources"]
     assert plan["trains on"] == checked["trains on"] and plan["GPU"] == "0.25"
     # the search has 2 configurations × 1 seed, the final phase 1 seed
     assert plan["trials at once"] == {"search": "2 (trials in the phase)", "final": "1 (trials in the phase)"}
     auto = check_resources(cfg())
-    assert auto["gpus_per_worker"] == "1 (auto: this machine has 1 GPU(s))" and auto["trials at once"].startswith("1 ")
+    assert auto["gpus_per_worker"] == ("1 (auto: this machine has 1 GPU(s); how many trials share one is measured on a "
+                                       "GPU when the search starts)") and auto["trials at once"].startswith("1 ")
+    assert checked["trials per GPU"] == 4 and auto["trials per GPU"] == 1
     # `raysent train` without workers starts no Ray: one run, on the device this process sees
     alone = check_resources(cfg(), one_run=True)
     assert alone["trains on"].startswith("cuda in this process") and "trials at once" not in alone
@@ -216,3 +222,116 @@ def test_on_a_gpu_cluster_each_trial_holds_what_it_asked_for_and_sees_only_that(
                                        "config_gpus": 1.0}
     assert out["trainers"]["zero"] == {"use_gpu": False, "per_worker": {"CPU": 0.5}, "backend": "gloo",
                                        "config_gpus": 0.0}
+
+
+# --------------------------------------------------------------------------- many trials per GPU (auto packs them)
+def test_auto_takes_the_probes_trials_per_gpu_and_an_explicit_number_wins():
+    from fake_gpu_cluster import measured_probe
+
+    from raysent.train.packing import choose
+
+    packing = choose(measured_probe(), 8)  # 2 trials at once train 1.83× one's steps; 4 only 1.04× two's
+    one_gpu = {"CPU": 8.0, "GPU": 1.0}
+    packed, place = resolve(auto_cfg(), one_gpu, "the Ray cluster", trials=8, packing=packing)
+    assert packed.resources.gpus_per_worker == 0.5 and tune_trial_resources(packed) == {"CPU": 1.0, "GPU": 0.5}
+    assert (place.trials_per_gpu, place.at_once, packed.search.max_concurrent_trials) == (2, 2, 2)
+    assert place.gpus().startswith("0.5 (auto: 2 trials per GPU: 55.0 steps/s together on NVIDIA H200, 1.83× one "
+                                   "trial's 30.0 (by count: 1: 30.0, 2: 55.0, 4: 57.0)")
+    assert "; 2 trial(s) per GPU; 2 trial(s) at once (auto: 1 GPUs / 0.5 per trial)" in place.describe()
+    assert "its memory capped at 45.0% of the GPU's" in place.device
+    assert place.record()["packing"]["probe"]["points"][1] == {"k": 2, "steps_per_second": 55.0, "peak_gib": 2.0,
+                                                               "device_used_gib": 5.0, "error": None}
+    # what every run record of the phase keeps
+    assert resources.run_record(packed, place.record(), 8) == {
+        "gpus_per_worker": 0.5, "trials_per_gpu": 2, "trials_at_once": 2, "memory_fraction": 0.45, "auto": True,
+        "chosen": packing.reason}
+    assert resources.run_record(packed, place.record(), 1)["trials_at_once"] == 1  # a phase of one trial
+    # a number in the config wins, whatever the probe measured
+    for given in (0.25, 1.0, 2.0, 0.0):
+        kept, p = resolve(cfg(gpus_per_worker=given), one_gpu, trials=8, packing=packing)
+        assert kept.resources.gpus_per_worker == given and p.packing is None
+    # Ray Train trials are never packed (one NCCL group per trial); a CPU cluster trains on none
+    assert resolve(cfg(workers=1), one_gpu, trials=8, packing=packing)[0].resources.gpus_per_worker == 1.0
+    assert resolve(cfg(), {"CPU": 8.0, "GPU": 0.0}, trials=8, packing=packing)[0].resources.gpus_per_worker == 0.0
+    # without a probe's choice, auto is what it was: 1 per GPU, and says it measures when the search starts
+    alone = resolve(cfg(), one_gpu, trials=8)[1]
+    assert alone.gpus_per_worker == 1.0 and alone.trials_per_gpu == 1
+    assert alone.gpus() == ("1 (auto: the Ray cluster has 1 GPU(s); how many trials share one is measured on a GPU "
+                            "when the search starts)")
+
+
+def test_a_trial_on_a_share_of_a_gpu_caps_its_memory_at_that_share(monkeypatch, tmp_path):
+    from raysent.tune import trial
+    from raysent.tune.trial import TrialContext, prepare_process
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, d=None: calls.append((f, str(d))))
+    cuda = torch.device("cuda")
+    assert resources.cap_memory(cuda, 0.25) == pytest.approx(0.225) and calls[-1] == (pytest.approx(0.225), "cuda")
+    assert resources.cap_memory(cuda, 1.0) is None and calls[-1] == (1.0, "cuda")  # a reused process: uncapped again
+    assert resources.cap_memory(torch.device("cpu"), 0.25) is None and len(calls) == 2  # the CPU: nothing to cap
+    # a trial's process caps itself with its config's share, on the device it claimed
+    monkeypatch.setattr(trial, "claim_devices", lambda: cuda)
+    monkeypatch.setattr(trial, "reuse_across_runs", lambda: None)
+    monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)
+    ctx = TrialContext(config=cfg(gpus_per_worker=0.125).to_dict(), source="<test>", phase="search", run="r",
+                       exp_dir=str(tmp_path), metric="best_dev_spearman")
+    prepare_process(ctx)
+    assert calls[-1] == (pytest.approx(0.1125), "cuda")
+
+
+def test_the_probes_measurements_are_cached_in_the_experiment_and_read_instead_of_probing(monkeypatch, tmp_path):
+    from fake_gpu_cluster import measured_probe
+
+    from raysent.tune import gpu_probe
+
+    said: list[str] = []
+    c = auto_cfg()
+    monkeypatch.setattr(gpu_probe, "gpu_node_cpus_per_gpu", lambda: None)  # no Ray here
+
+    def no_probe(*args):
+        raise AssertionError("probed although the experiment has the measurements")
+
+    monkeypatch.setattr(gpu_probe, "run_on_ray", no_probe)
+    gpu_probe.save(tmp_path, measured_probe(c))
+    chosen = gpu_probe.packing_for(c, tmp_path, {"CPU": 8.0, "GPU": 1.0}, 8, said.append)
+    assert chosen is not None and chosen.trials_per_gpu == 2
+    assert said[0].startswith("GPU probe: the measurements of NVIDIA H200 in ") and "gpu-probe.json" in said[0]
+    # other trial settings (a larger batch) are measured again; a probe that found no CUDA is not cached
+    bigger = with_overrides(c, {"train.batch_size": 128})
+    monkeypatch.setattr(gpu_probe, "run_on_ray", lambda cfg, most, env: gpu_probe.Probe(
+        device="none", total_bytes=0, points=(), most=most, note="no CUDA device on the probe's node"))
+    again = gpu_probe.packing_for(bigger, tmp_path, {"CPU": 8.0, "GPU": 1.0}, 8, said.append)
+    assert again is not None and again.trials_per_gpu == 1 and "no CUDA device" in again.reason
+    assert gpu_probe.load_cached(tmp_path, gpu_probe.probe_key(bigger), 8) is None
+    assert gpu_probe.load_cached(tmp_path, gpu_probe.probe_key(c), 8) is not None  # the first one's stays
+    assert gpu_probe.load_cached(tmp_path, gpu_probe.probe_key(c), 16) is None  # it would have tried 8 next
+    # a probe that fails leaves 1 per GPU, and says why
+    monkeypatch.setattr(gpu_probe, "run_on_ray", lambda *a: (_ for _ in ()).throw(TimeoutError("no GPU node came")))
+    failed = gpu_probe.packing_for(bigger, tmp_path, {"CPU": 8.0, "GPU": 1.0}, 8, said.append)
+    assert failed is not None and failed.reason == ("1 trial per GPU: the GPU probe failed (TimeoutError: no GPU "
+                                                    "node came)")
+    # nothing to pack: a number, Ray Train trials, no GPU; nothing to measure: a phase that fits the GPUs
+    assert gpu_probe.packing_for(cfg(gpus_per_worker=1), tmp_path, {"CPU": 8.0, "GPU": 1.0}, 8, said.append) is None
+    assert gpu_probe.packing_for(cfg(workers=1), tmp_path, {"CPU": 8.0, "GPU": 1.0}, 8, said.append) is None
+    assert gpu_probe.packing_for(c, tmp_path, {"CPU": 8.0, "GPU": 0.0}, 8, said.append) is None
+    fits = gpu_probe.packing_for(c, tmp_path, {"CPU": 64.0, "GPU": 8.0}, 8, said.append)
+    assert fits is not None and fits.trials_per_gpu == 1
+    assert fits.reason == ("1 trial per GPU: no more is worth measuring (8 trial(s) on 8 GPU(s), 8 CPUs per GPU at "
+                           "resources.cpus_per_worker 1)")
+
+
+def test_the_probe_measures_the_largest_batch_and_length_the_space_can_pick():
+    from raysent.tune.gpu_probe import probe_config, probe_key
+
+    raw = {**BASE, "train": {"batch_size": 64, "max_length": 32},
+           "search": {**BASE["search"], "space": {**BASE["search"]["space"],
+                                                   "batch_size": {"type": "choice", "values": [16, 512, 64]},
+                                                   "max_length": {"type": "choice", "values": [32, 48]}}}}
+    c = parse_config(raw, source="<test>")
+    probed = probe_config(c)
+    assert (probed.train.batch_size, probed.train.max_length) == (512, 48)
+    assert probed.data.max_train_samples == 512 * 8 and not probed.tracking.enabled
+    key = probe_key(c)
+    assert key["train"]["batch_size"] == 512 and "lr" not in key["train"] and key["cpus_per_worker"] == 1.0
+    assert probe_key(with_overrides(c, {"train.lr": 1.0e-3})) == key  # the learning rate changes neither time nor memory
