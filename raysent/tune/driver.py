@@ -62,8 +62,16 @@ from raysent.tracking import (
 from raysent.train import compile_cache
 from raysent.train.ray_train import init_ray, worker_env
 from raysent.train.records import check_records
-from raysent.train.resources import Placement, resolve, run_record, trials_at_once, tune_trial_resources
-from raysent.tune import mlflow_server
+from raysent.train.resources import (
+    Placement,
+    cluster_capacity,
+    packable,
+    resolve,
+    run_record,
+    trials_at_once,
+    tune_trial_resources,
+)
+from raysent.tune import gpu_probe, mlflow_server
 from raysent.tune.best import arm_outcome, by_configuration, log_configurations, pick_best, records, write_best_yaml
 from raysent.tune.diskspace import disk_full, space_needed
 from raysent.tune.lock import SearchLock, search_lock
@@ -360,13 +368,18 @@ def _phase_trials(cfg: ExperimentConfig, state: SearchState | None, final_only: 
     return SearchPlan.of(cfg).trials if searching else len(cfg.seeds)
 
 
-def _start_ray(cfg: ExperimentConfig, state: SearchState | None, final_only: bool,
-               say: Say) -> tuple[ExperimentConfig, Placement]:
+def _start_ray(cfg: ExperimentConfig, exp: Path, state: SearchState | None, final_only: bool, say: Say,
+               trains: bool = True) -> tuple[ExperimentConfig, Placement]:
     """Ray started (or joined), and the trials' resources resolved against it: ``resources.gpus_per_worker`` auto,
     resolved once, here (every trial is given the number: its config, run record and result.json hold it; the
-    search's state and summary record it)."""
+    search's state and summary record it), for a search that ``trains`` with the trials per GPU a probe on one of
+    the cluster's GPUs measured first (:mod:`raysent.tune.gpu_probe`; cached in ``exp``: ``--resume`` measures
+    nothing again)."""
     init_ray(cfg)
-    cfg, place = resolve(cfg, trials=_phase_trials(cfg, state, final_only))
+    trials = _phase_trials(cfg, state, final_only)
+    found = cluster_capacity() if trains and packable(cfg) else None
+    packing = gpu_probe.packing_for(cfg, exp, found[0], trials, say, env=worker_env()) if found is not None else None
+    cfg, place = resolve(cfg, trials=trials, packing=packing)
     check_resources(cfg)  # against the Ray this search runs on
     say(place.describe())
     return cfg, place
@@ -430,7 +443,7 @@ def _locked(cfg: ExperimentConfig, exp: Path, state: SearchState | None, lock: S
     compile_cache.use_for(cfg)
     place = None
     if trains or cfg.resources.address or os.environ.get("RAY_ADDRESS"):  # publishing may fetch a model from a node
-        cfg, place = _start_ray(cfg, state, final_only, say)
+        cfg, place = _start_ray(cfg, exp, state, final_only, say, trains)
     if state is not None and (restored := restore_records(cfg, exp, state.run)):
         say(f"--resume: {restored} run record(s) written again from the results Tune kept")
     if state is None:

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from raysent.config import ExperimentConfig
 from raysent.tracking import redact, tracking_uri
+from raysent.train.packing import Packing
 from raysent.tune.diskspace import in_words, space_needed
 from raysent.tune.space import grid, paper_point
 from raysent.tune.trial import search_seeds, seeds_in_one_trial
@@ -146,10 +147,29 @@ class DryRun(_Plan):
         return self.model_dump(by_alias=True, mode="json")
 
 
-def resources_part(cfg: ExperimentConfig, search_trials: int | None) -> dict[str, Any]:
-    """What each trial asks for, the device it trains on and how many trials run at once in each phase, on the Ray
-    this process is connected to, else on this machine (a local Ray), else (a cluster joined by address) as far as
-    the config tells."""
+def cached_packing(cfg: ExperimentConfig, exp: Path | None, cluster: dict[str, float] | None,
+                   trials: int | None) -> Packing | None:
+    """What ``gpus_per_worker: auto`` packs per GPU by the GPU probe a search of this experiment cached
+    (:mod:`raysent.tune.gpu_probe`); None when nothing was measured for these trial settings (a dry run probes
+    nothing)."""
+    from raysent.train.packing import choose, most_per_gpu
+    from raysent.train.resources import packable
+    from raysent.tune.gpu_probe import load_cached, probe_key
+
+    if exp is None or cluster is None or not packable(cfg) or cluster.get("GPU", 0.0) <= 0:
+        return None
+    asked = cfg.search.max_concurrent_trials if cfg.search is not None else 1
+    most = most_per_gpu(cluster["GPU"], cluster.get("CPU", 0.0), cfg.resources.cpus_per_worker, trials,
+                        None if asked == "auto" else int(asked))
+    probe = load_cached(exp, probe_key(cfg), most) if most > 1 else None
+    return choose(probe, most) if probe is not None else None
+
+
+def resources_part(cfg: ExperimentConfig, search_trials: int | None, exp: Path | None = None) -> dict[str, Any]:
+    """What each trial asks for, the device it trains on, how many trials share a GPU and how many run at once in
+    each phase, on the Ray this process is connected to, else on this machine (a local Ray), else (a cluster joined
+    by address) as far as the config tells; ``auto``'s trials per GPU as the GPU probe a search of ``exp`` cached
+    them."""
     from raysent.preflight import available_resources
     from raysent.train.resources import placement
 
@@ -159,14 +179,17 @@ def resources_part(cfg: ExperimentConfig, search_trials: int | None) -> dict[str
     cluster, where = available_resources()
     if remote and not where.startswith("the Ray cluster"):
         cluster, where = None, "the Ray cluster"
-    final = placement(cfg, cluster, where, trials=len(cfg.seeds))
+    packing = cached_packing(cfg, exp, cluster, search_trials or len(cfg.seeds))
+    final = placement(cfg, cluster, where, trials=len(cfg.seeds), packing=packing)
     gpus: Any = final.gpus()
     out: dict[str, Any] = ({"trial driver CPU": r.trial_cpus, "Ray Train workers": r.workers,
                             "CPU per worker": r.cpus_per_worker, "GPU per worker": gpus}
                            if r.workers else {"CPU": r.cpus_per_worker, "GPU": gpus})
     out["trains on"] = final.device
-    phases = ([("search", placement(cfg, cluster, where, trials=search_trials))] if search_trials else []) + [
-        ("final", final)]
+    if final.trials_per_gpu:
+        out["trials per GPU"] = final.trials_per_gpu
+    phases = ([("search", placement(cfg, cluster, where, trials=search_trials, packing=packing))]
+              if search_trials else []) + [("final", final)]
     at_once = {name: f"{p.at_once} ({p.limit})" for name, p in phases if p.at_once is not None}
     out["trials at once"] = at_once or f"not known until the run joins the cluster ({where})"
     if cluster is not None:
@@ -203,7 +226,7 @@ def dry_run(cfg: ExperimentConfig, exp: Path, final_only: bool = False) -> DryRu
             if s.algorithm in ("optuna-tpe", "optuna-gp") else None,
             note=p.startup_note or None, max_concurrent_trials=s.max_concurrent_trials,
             sampler=sampler_settings(cfg))
-    resources = resources_part(cfg, search_trials)
+    resources = resources_part(cfg, search_trials, exp)
     return DryRun(
         experiment=exp.name, method=cfg.method, model=cfg.model.name, train_data=cfg.data.train, search=search,
         final=FinalPart(seeds=list(cfg.seeds), runs=len(cfg.seeds), evaluation=list(cfg.eval.tasks)),

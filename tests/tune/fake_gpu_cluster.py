@@ -8,6 +8,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 TARGET = 4  # probes that wait for this many to hold their resources at once
 GIB = 2**30
@@ -128,6 +129,24 @@ def main() -> None:
         assert not results.errors, results.errors
         return [r.metrics for r in results]
 
+    # auto, where the search's GPU probe has run: no CUDA here, so the probe task (given the fake GPU) measures nothing
+    from raysent.tune import gpu_probe
+
+    cluster = {k: float(v) for k, v in out["cluster"].items()}
+    said: list[str] = []
+    started = time.time()
+    unprobed = gpu_probe.packing_for(cfg(), Path(root) / "unprobed", cluster, 8, said.append)
+    out["unprobed"] = {"reason": unprobed.reason if unprobed else None, "said": said,
+                       "cached": (Path(root) / "unprobed" / gpu_probe.PROBE_FILE).exists(),
+                       "seconds": time.time() - started}
+    # auto, with the measurements a probe on an H200 cached in the experiment: 2 trials per GPU, 2 at once
+    exp = Path(root) / "packed"
+    gpu_probe.save(exp, measured_probe(cfg()))
+    packing = gpu_probe.packing_for(cfg(), exp, cluster, 8, said.append)
+    packed = resolve(cfg(), trials=8, packing=packing)
+    out["packed"] = {"describe": packed[1].describe(), "plan": packed[1].record(),
+                     "gpus_per_worker": packed[0].resources.gpus_per_worker,
+                     "trials": search(packed[0], 8, 2, "packed")}
     # a quarter of a GPU each: four trials on the one GPU at once
     quarter = resolve(cfg(gpus_per_worker=0.25), trials=8)
     out["quarter"] = {"plan": quarter[1].record(), "trials": search(quarter[0], 8, TARGET, "quarter")}

@@ -186,7 +186,7 @@ def test_preflight_and_the_dry_run_say_where_each_trial_trains_and_how_many_run_
     assert remote["gpus_per_worker"].startswith("auto: 1 if the Ray cluster has GPUs")
 
 
-@pytest.mark.slow  # a Ray of its own with a fake GPU, 9 probe trials and a Ray Train worker (~1 min on 2 cores)
+@pytest.mark.slow  # a Ray of its own with a fake GPU, a GPU probe task, 17 probe trials, a Ray Train worker (~2 min)
 def test_on_a_gpu_cluster_each_trial_holds_what_it_asked_for_and_sees_only_that(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.pop("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", None)  # Ray's default, unless raysent's own Ray sets it
@@ -198,6 +198,18 @@ def test_on_a_gpu_cluster_each_trial_holds_what_it_asked_for_and_sees_only_that(
     # auto on this cluster: one GPU per trial, so one trial at once
     assert out["auto"]["gpus_per_worker"] == 1.0 and out["auto"]["at_once"] == 1
     assert "auto: the Ray cluster has 1 GPU(s)" in out["auto"]["describe"]
+    # auto where the probe ran: here it found no CUDA behind the fake GPU Ray gave it, and auto stays 1 per GPU
+    unprobed = out["unprobed"]
+    if not torch.cuda.is_available():
+        assert unprobed["reason"] == ("1 trial per GPU: the GPU probe measured no step (no CUDA device on the probe's "
+                                      "node (CUDA_VISIBLE_DEVICES='0'))"), unprobed
+        assert not unprobed["cached"]  # nothing measured: the next search probes again
+    # auto with the measurements cached: half a GPU each, and two trials hold it at once, never more
+    packed = out["packed"]
+    assert packed["gpus_per_worker"] == 0.5 and packed["plan"]["trials_per_gpu"] == 2
+    assert packed["plan"]["at_once"] == 2 and "; 2 trial(s) per GPU; 2 trial(s) at once" in packed["describe"]
+    assert len(packed["trials"]) == 8 and max(t["peak"] for t in packed["trials"]) == 2
+    assert all(json.loads(t["given"]) == {"CPU": 0.5, "GPU": 0.5} for t in packed["trials"])
     # a quarter of the GPU each: four trials hold it at once, never more; each is given GPU 0 and sees only it
     trials = out["quarter"]["trials"]
     assert len(trials) == 8 and out["quarter"]["plan"]["at_once"] == 4
@@ -335,3 +347,44 @@ def test_the_probe_measures_the_largest_batch_and_length_the_space_can_pick():
     key = probe_key(c)
     assert key["train"]["batch_size"] == 512 and "lr" not in key["train"] and key["cpus_per_worker"] == 1.0
     assert probe_key(with_overrides(c, {"train.lr": 1.0e-3})) == key  # the learning rate changes neither time nor memory
+
+
+def test_the_dry_run_shows_the_trials_per_gpu_the_cached_probe_chose(monkeypatch, tmp_path):
+    from fake_gpu_cluster import measured_probe
+
+    from raysent.tune import gpu_probe
+    from raysent.tune.plan import dry_run
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(resources, "cluster_capacity", lambda: None)
+    monkeypatch.setattr(preflight, "connected_ray", lambda: None)
+    monkeypatch.setattr(resources, "this_machine", lambda: {"CPU": 8.0, "GPU": 1.0})
+    c = auto_cfg()
+    before = dry_run(c, tmp_path).to_dict()["resources"]  # nothing measured yet: 1 per GPU until the search probes
+    assert before["trials per GPU"] == 1 and "measured on a GPU when the search starts" in before["GPU"]
+    gpu_probe.save(tmp_path, measured_probe(c))
+    plan = dry_run(c, tmp_path).to_dict()["resources"]
+    assert plan["trials per GPU"] == 2 and plan["GPU"].startswith("0.5 (auto: 2 trials per GPU: 55.0 steps/s")
+    assert plan["trains on"].startswith("cuda in its own process: 0.5 of a GPU, shared with 1 other trial(s)")
+    assert plan["trials at once"] == {"search": "2 (trials in the phase)", "final": "1 (trials in the phase)"}
+
+
+@pytest.mark.slow  # trains: two copies of a tiny BERT's step, each a process (~1 min on 2 cores)
+def test_the_probes_copies_train_together_and_report_each_count(monkeypatch):
+    """The probe's machinery (its copies, their windows, what they report) on the CPU: on a GPU the same code adds
+    the memory; here no memory is measured, so every count up to the largest is tried."""
+    from raysent.tune import gpu_probe
+
+    monkeypatch.setattr(gpu_probe, "WINDOW_SECONDS", 2.0)
+    c = parse_config({**BASE, "train": {"batch_size": 8, "max_length": 16}, "data": {"max_train_samples": 64}},
+                     source="<test>")
+    measured = gpu_probe.measure_on("cpu", gpu_probe.probe_config(c).to_dict(), most=2, threads=1)
+    assert measured.note is None and [p.k for p in measured.points] == [1, 2], measured
+    for p in measured.points:
+        assert p.ok and p.steps_per_second > 0 and p.peak_bytes is None and p.device_used_bytes is None
+    assert measured.device == "cpu" and measured.seconds > 2 * 2.0
+    # a copy that cannot start (a model that does not exist) fails its count, and says why
+    broken = with_overrides(c, {"model.name": "no-such-model"})
+    failed = gpu_probe.measure_on("cpu", broken.to_dict(), most=2, threads=1)
+    assert [p.k for p in failed.points] == [1] and not failed.points[0].ok
+    assert failed.note.startswith("stopped at 1 at once: a copy did not start: ") and "no-such-model" in failed.note
