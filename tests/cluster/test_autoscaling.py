@@ -44,7 +44,8 @@ def test_the_dry_run_counts_the_gpus_the_autoscaler_can_start(cluster):
     plan = json.loads(proc.stdout)
     res = plan["resources"]
     assert res["GPU"].startswith("1 (auto: the Ray cluster with the nodes its autoscaler can add (node types of ")
-    assert "alive now: 8 CPUs, 0 GPUs) has 24 GPU(s))" in res["GPU"]
+    assert "alive now: 8 CPUs, 0 GPUs) has 24 GPU(s); how many trials share one is measured on a GPU when the " \
+        "search starts)" in res["GPU"]
     assert res["trials at once"]["search"] == "24 (auto: 24 GPUs / 1 per trial)"
     assert res["trains on"] == "cuda in its own process: 1 GPU(s)"
     assert plan["checked"]["resources"]["trials at once"] == "24 (auto: 24 GPUs / 1 per trial)"
