@@ -82,6 +82,12 @@ def check_model(name: str, revision: str | None = None) -> dict:
             "hidden": getattr(config, "hidden_size", None), "positions": max_positions(config)}
 
 
+def attention_implementation(model: nn.Module) -> str | None:
+    """The attention implementation a transformers model runs, from its config (None where it has none)."""
+    value = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    return str(value) if value else None
+
+
 def max_positions(config: Any) -> int | None:
     """The most tokens a sentence can have for a model of this (transformers) config: its position embeddings
     (RoBERTa's start after the padding index, so 514 of them hold 512 tokens); None when it has no such limit."""
@@ -124,6 +130,13 @@ class Encoder(nn.Module):
         self._grad_cache: GradCache | None = None
         self._compiled: Callable[..., Any] | None = None  # train.compile: the training forward, compiled
         self._compiled_mode: str | None = None
+
+    @property
+    def attention(self) -> str | None:
+        """The attention implementation the model runs (transformers' ``config._attn_implementation``: sdpa,
+        eager, flash_attention_2, …), recorded with every run and bench case (issue 61: both sides of a ratio
+        name theirs)."""
+        return attention_implementation(self.model)
 
     def compile_for_training(self, mode: str = "default") -> None:
         """``train.compile``: training forwards (not evaluation, whose batches take other shapes) go through

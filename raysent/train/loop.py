@@ -549,6 +549,7 @@ def summarize(run: Run, state: TrainState, resumed_at: int | None, prepared: dic
         torch_threads=torch.get_num_threads(),
         precision=run.stepper.precision,
         settings=run.settings.record(),
+        attention=run.method.encoder.attention,
         prepare=prepared,
         phases={k: round(v, 3) for k, v in run.phases.items()},
         best_model_dir=str(run.best_dir) if hooks.rank == 0 else None,

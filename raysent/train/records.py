@@ -124,6 +124,13 @@ class RunRecord(BaseModel):
     sources: dict[str, str] | None = Field(None, description="what it read: the model and the training and dev data, "
                                            "each with the hub commit read (hf://...@<commit>) or its local path")
     best_model_dir: str | None = None
+    device: str | None = Field(None, description="what it trained on (cpu, cuda); absent before 2026-12-03")
+    precision: str | None = Field(None, description="its resolved precision; absent before 2026-12-03")
+    settings: dict[str, Any] | None = Field(None, description="the device's speed settings it trained with, auto "
+                                            "resolved (compile, CUDA graphs, …: the training summary's); absent "
+                                            "before 2026-12-03")
+    attention: str | None = Field(None, description="the encoder's attention implementation; absent before "
+                                  "2026-12-03")
     node: str | None = Field(None, description="the Ray node the run trained on (its best model is on that node's "
                                                "disk)")
     resources: dict[str, Any] | None = Field(None, description="what it was given: GPUs per trial, trials per GPU and "
@@ -248,6 +255,8 @@ class TrainSummary(BaseModel):
     precision: str
     settings: dict[str, Any] | None = Field(None, description="the device's speed settings, each auto resolved "
                                             "(raysent.train.device); absent before 2026-11-27")
+    attention: str | None = Field(None, description="the encoder's attention implementation (transformers' "
+                                  "_attn_implementation: sdpa, eager, …); absent before 2026-12-03")
     prepare: dict[str, Any] | None = Field(None, description="what the method computed before training")
     phases: dict[str, float] = Field(default_factory=dict, description="seconds per part of a step")
     data: dict[str, Any] = Field(default_factory=dict, description="what it trained on")

@@ -191,7 +191,8 @@ def resolve_trial(config: dict, ctx: TrialContext, trial_id: str,
 
 # the run record's fields that come from the training summary, under the same names (best_model_dir besides)
 _TRAINING_FIELDS = ("transductive", "best_dev_spearman", "best_step", "initial_dev", "dev_curve", "final_step",
-                    "train_seconds", "sentences_per_second", "workers", "sources")
+                    "train_seconds", "sentences_per_second", "workers", "sources", "device", "precision", "settings",
+                    "attention")
 
 
 def training_fields(summary: TrainSummary) -> dict[str, Any]:
