@@ -13,7 +13,8 @@ and it prints one line ``RESULT {json}``. The kinds:
 * ``st-mnrl``: sentence-transformers' ``MultipleNegativesRankingLoss`` fitted with its
   ``SentenceTransformerTrainer`` on the same model, sentences, batch size and sequence length, each
   sentence its own positive (the unsupervised-SimCSE recipe of sentence-transformers' docs);
-* ``profile-method`` and ``profile-st-mnrl``: the same two under torch.profiler (:mod:`raysent.bench.profile`).
+* ``profile-method`` and ``profile-st-mnrl``: the same two under torch.profiler (:mod:`raysent.bench.profile`);
+* ``raysent-search`` and ``st-hpsearch``: the search part's ways (:mod:`raysent.bench.search`).
 
 The first two time ``steps`` optimizer steps after ``warmup`` untimed ones, data loading included; the device is
 waited for only where the timing starts and ends (a step returns its loss on the device). Both also report what
@@ -152,7 +153,8 @@ class MethodRun:
 
         return {"device": self.hooks.device.type, "precision": self.stepper.precision,
                 "settings": self.settings.record(), "threads": torch.get_num_threads(),
-                "float32_matmul_precision": torch.get_float32_matmul_precision(), "data": self.info["source"]}
+                "float32_matmul_precision": torch.get_float32_matmul_precision(), "data": self.info["source"],
+                "attention": self.method.encoder.attention}
 
 
 def method_case(spec: dict) -> dict:
@@ -226,6 +228,7 @@ class StRun:
         from sentence_transformers.losses import MultipleNegativesRankingLoss
         from transformers import PreTrainedModel
 
+        from raysent.models.encoder import attention_implementation
         from raysent.models.locate import resolve_model
         from raysent.train.device import auto_precision
 
@@ -257,6 +260,7 @@ class StRun:
                           dtype=np.float64)
         passes = len(train.column_names)
         hf = next(m for m in model.modules() if isinstance(m, PreTrainedModel))
+        self.attention = attention_implementation(hf)
         self.counts = {"real_tokens_per_step": b * float(lens.mean()), **encoder_shape(hf),
                        "encoder_passes": float(passes),
                        "encoder_tokens_per_step": passes * b * float(lens.mean()),
@@ -266,7 +270,8 @@ class StRun:
         import torch
 
         args = self.args
-        return {"device": self.device, "precision": self.precision, "threads": torch.get_num_threads(),
+        return {"device": self.device, "precision": self.precision, "attention": self.attention,
+                "threads": torch.get_num_threads(),
                 "float32_matmul_precision": torch.get_float32_matmul_precision(),
                 "optimizer": args.optim if isinstance(args.optim, str) else str(args.optim.value)}
 
@@ -344,8 +349,21 @@ def profile_st_mnrl_case(spec: dict) -> dict:
         return {**summarize(prof.events()), **run.record()}
 
 
+def raysent_search_case(spec: dict) -> dict:
+    from raysent.bench.search import raysent_search_case as case
+
+    return case(spec)
+
+
+def st_search_case(spec: dict) -> dict:
+    from raysent.bench.search import st_search_case as case
+
+    return case(spec)
+
+
 CASES = {"method": method_case, "st-mnrl": st_mnrl_case, "profile-method": profile_method_case,
-         "profile-st-mnrl": profile_st_mnrl_case}
+         "profile-st-mnrl": profile_st_mnrl_case, "raysent-search": raysent_search_case,
+         "st-hpsearch": st_search_case}
 
 
 def main(argv: list[str] | None = None) -> int:

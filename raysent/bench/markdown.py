@@ -10,7 +10,7 @@ from raysent.bench.result import BenchResult, CpuShare, ProfileCase, Target
 
 def format_markdown(result: BenchResult) -> str:
     sections: list[Callable[[BenchResult], list[str]]] = [
-        _header, _targets, _not_measured, _training, _speedups, _evaluation, _overhead, _gpu, _profile]
+        _header, _targets, _not_measured, _training, _speedups, _evaluation, _overhead, _gpu, _profile, _search]
     return "\n".join(line for section in sections for line in section(result))
 
 
@@ -56,6 +56,11 @@ def _targets(r: BenchResult) -> list[str]:
                    t.gpu_compile_again_vs_first, _f(t.gpu_compile_again_vs_first.value, ".2f"),
                    f"≤ {t.gpu_compile_again_vs_first.target:.1f}")] if t.gpu_compile_again_vs_first is not None
               else []),
+            *([ratio("GPU: a short search's configurations per hour, the defaults ÷ one trial per GPU without graphs",
+                     t.gpu_search_defaults_vs_one_per_gpu)] if t.gpu_search_defaults_vs_one_per_gpu is not None
+              else []),
+            *([ratio("GPU: the same search's wall time, sentence-transformers' hyperparameter_search ÷ raysent",
+                     t.gpu_search_st_vs_raysent_wall)] if t.gpu_search_st_vs_raysent_wall is not None else []),
             ""]
 
 
@@ -279,3 +284,39 @@ def _profile(r: BenchResult) -> list[str]:
                   "callers; on a CPU the fused AdamW's own reads, `< aten::_fused_adamw_`, are not made by its CUDA "
                   "kernel):", "", *waits, ""]
     return lines
+
+
+SEARCH_WAYS = {"one-per-gpu": "raysent, one trial per GPU, no graphs (before issue 61)",
+               "defaults": "raysent on its defaults (compile auto, trials packed by auto)",
+               "st-hpsearch": "sentence-transformers hyperparameter_search (Optuna)"}
+
+
+def _search(r: BenchResult) -> list[str]:
+    p = r.search
+    if p is None:
+        return []
+    lines = ["## A short search, three ways", "",
+             f"simcse-unsup on `{p.model}`, batch {p.batch_size}, max length {p.max_length}: {p.trials} learning "
+             f"rate(s) ({', '.join(f'{x:g}' for x in p.lrs)}), one seed, {p.steps} steps each, the STS-B dev "
+             "Spearman at the end; the search phase alone, each way in a fresh process (raysent's: Ray's start "
+             "included).", "",
+             "| way | wall s | configurations / h | best lr | best dev | trials at once | per GPU | compile | CUDA graphs "
+             "| attention | GPU util % |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | :---: | :---: | --- | ---: |"]
+    for way, label in SEARCH_WAYS.items():
+        w = p.ways.get(way)
+        if w is None:
+            continue
+        if w.same_as:
+            lines.append(f"| {label} | as {w.same_as} | | | | | | | | | |")
+            continue
+        lines.append(f"| {label} | {_f(w.wall_seconds, '.1f')} | {_f(w.configurations_per_hour, '.0f')} | "
+                     f"{_f(w.best_lr, 'g')} | {_f(w.best_dev_spearman, '.2f')} | {w.trials_at_once or '—'} | "
+                     f"{'—' if w.trials_per_gpu is None else w.trials_per_gpu} | {w.compile} | {w.cuda_graphs} | "
+                     f"{w.attention or '—'} | {_f(w.gpu_util_mean_percent, '.0f')} |")
+    lines.append("")
+    notes = [f"* {way}: {w.note}" for way, w in p.ways.items() if w.note]
+    ratios = {"defaults_vs_one_per_gpu": "configurations per hour, raysent's defaults ÷ one trial per GPU",
+              "st_vs_raysent_wall": "wall time, sentence-transformers ÷ raysent on its defaults"}
+    notes += [f"* {text}: {p.ratios[k]:.2f}×" for k, text in ratios.items() if k in p.ratios]
+    return lines + (notes + [""] if notes else [])

@@ -10,8 +10,8 @@ from raysent.errors import RaysentError
 
 # Lazy imports: raysent's heavier modules (heavy, and only the functions that need them import them).
 
-Part = Literal["training", "speedups", "evaluation", "overhead", "gpu", "profile"]
-PARTS: tuple[Part, ...] = ("training", "speedups", "evaluation", "overhead", "gpu", "profile")
+Part = Literal["training", "speedups", "evaluation", "overhead", "gpu", "profile", "search"]
+PARTS: tuple[Part, ...] = ("training", "speedups", "evaluation", "overhead", "gpu", "profile", "search")
 SPEEDUPS = ("length_buckets", "concat_views", "cache_views", "huge_pages", "all_speedups", "grad_cache")
 STS_SETS = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
 METHODS = ("simcse-unsup", "simcse-sup", "sg", "sg-opt", "consert", "layeratt", "supcon", "sbert-nli")
@@ -49,6 +49,8 @@ class BenchOptions:
     grad_cache_rows: int | None = None  # default: an eighth of that batch
     gpu_cases: list[str] = field(default_factory=lambda: list(GPU_CASES))  # run in the order given
     profile_steps: int = 5  # profiled steps of each side of the profile part (after --warmup steps)
+    search_trials: int = 4  # the search part's trials (learning rates of raysent.bench.search.SEARCH_LRS)
+    search_steps: int = 50  # steps of each of its trials
 
     def check(self) -> None:
         bad = [p for p in self.parts if p not in PARTS]
@@ -82,3 +84,6 @@ class BenchOptions:
                                f"{', '.join(GPU_CASES)}")
         if self.profile_steps < 1:
             raise RaysentError("--profile-steps must be >= 1")
+        if not 1 <= self.search_trials <= 8 or self.search_steps < 1:
+            raise RaysentError(f"--search-trials must be 1 to 8 (got {self.search_trials}) and --search-steps >= 1 "
+                               f"(got {self.search_steps})")

@@ -63,6 +63,8 @@ class CaseResult(_Model):
                               "peak_tflops was recorded: ÷ the device's bf16 peak)")
     warmup_seconds: float | None = Field(default=None, description="raysent's cases: the untimed warm-up steps, "
                                          "a compile included")
+    attention: str | None = Field(default=None, description="the attention implementation the encoder ran "
+                                  "(transformers' _attn_implementation: sdpa, eager, …); absent before 2026-12-03")
     compile_seconds: float | None = Field(
         default=None, description="raysent's compiled cases: the warm-up's seconds beyond what its steps take at the "
         "timed rate, an estimate of the compile (None: not compiled)")
@@ -240,6 +242,48 @@ class ProfileResult(_Model):
     st_mnrl: ProfileCase | None = None
 
 
+class SearchWayResult(_Model):
+    """One way of the search part (:mod:`raysent.bench.search`): the search phase as its process reported it."""
+
+    model_config = ConfigDict(extra="allow")
+
+    same_as: str | None = Field(default=None, description="not run: it would have run with this way's settings")
+    note: str | None = None
+    wall_seconds: float | None = Field(default=None, description="the search itself, from its start (Ray's start "
+                                       "included) to its last trial's end")
+    process_seconds: float | None = Field(default=None, description="the way's process, its imports included")
+    trials_finished: int | None = None
+    configurations_per_hour: float | None = Field(default=None, description="trials_finished × 3600 ÷ wall_seconds")
+    best_lr: float | None = None
+    best_dev_spearman: float | None = Field(default=None, description="its best trial's STS-B dev Spearman × 100")
+    device: str | None = None
+    precision: str | None = None
+    attention: str | None = Field(default=None, description="the encoder's attention implementation")
+    compile: bool | None = None
+    cuda_graphs: bool | None = None
+    trials_per_gpu: int | None = None
+    trials_at_once: int | None = None
+    gpu_util_mean_percent: float | None = Field(default=None, description="nvidia-smi's utilization.gpu, the mean of "
+                                                "its half-second samples over the way's process (None: no NVIDIA GPU)")
+    gpu_util_samples: int | None = None
+    gpu_memory_peak_mib: float | None = None
+
+
+class SearchPartResult(_Model):
+    """The search part: the same short search three ways (:mod:`raysent.bench.search`); ``ratios``:
+    ``defaults_vs_one_per_gpu`` (configurations per hour) and ``st_vs_raysent_wall`` (sentence-transformers' wall ÷
+    raysent's on its defaults)."""
+
+    trials: int
+    steps: int
+    lrs: list[float]
+    batch_size: int
+    max_length: int
+    model: str
+    ways: dict[str, SearchWayResult]
+    ratios: dict[str, float] = Field(default_factory=dict)
+
+
 class Target(_Model):
     value: float | None = Field(description="None: not measured")
     target: float
@@ -261,6 +305,10 @@ class Targets(_Model):
     # issue 61: a search's later trial compiles from the shared caches, at most a tenth of the first's compile (lower
     # is better; absent where no two compiled cases with the same settings ran)
     gpu_compile_again_vs_first: Target | None = None
+    # issue 61: the search part on CUDA: configurations per hour, the defaults ÷ one trial per GPU without graphs, and
+    # sentence-transformers' hyperparameter_search wall ÷ raysent's (absent where it did not run on a GPU)
+    gpu_search_defaults_vs_one_per_gpu: Target | None = None
+    gpu_search_st_vs_raysent_wall: Target | None = None
 
 
 class Machine(_Model):
@@ -290,6 +338,7 @@ class BenchResult(_Model):
     overhead: OverheadResult | None = None
     gpu: GpuResult | None = None
     profile: ProfileResult | None = None
+    search: SearchPartResult | None = None
     failed: dict[Part, str] = Field(default_factory=dict, description="each failed part's error")
     failed_cases: dict[Part, dict[str, str]] = Field(
         default_factory=dict, description="per part, each case that failed and its error (the part's other cases "

@@ -54,6 +54,8 @@ TARGETS = {
     "gpu_simcse_unsup_vs_st_mnrl": 3.0,  # issue 46: on a GPU, batch 64, length 32, bf16
     "gpu_mfu": 0.40,  # issue 46: at batch 512 (checked from GPU_MFU_BATCH up)
     "gpu_compile_again_vs_first": 0.1,  # issue 61: a search's later trial's compile ÷ its first's
+    "gpu_search_defaults_vs_one_per_gpu": 4.0,  # issue 61: a short search's configurations per hour
+    "gpu_search_st_vs_raysent_wall": 5.0,  # issue 61: sentence-transformers' hyperparameter_search wall ÷ raysent's
 }
 GPU_MFU_BATCH = 512
 # dense bf16 peak of common accelerators (TFLOP/s, without sparsity): the first pattern found in the device
@@ -155,13 +157,17 @@ class Recorder:
         try:
             out = run_case(spec, self.say, model)
         except Exception as exc:  # the part's other cases are worth keeping
-            r = self.result
-            r.failed_cases = {**r.failed_cases, part: {**r.failed_cases.get(part, {}), label: _error(exc)}}
-            self.say(f"{part}: {label} FAILED ({_last_line(exc)}); going on with the next case")
-            self.save()
+            self.fail(part, label, exc)
             return None
         self.current = None
         return out
+
+    def fail(self, part: Part, label: str, exc: BaseException) -> None:
+        """``label`` of ``part`` failed: its error recorded under ``failed_cases``, said, and the record saved."""
+        r = self.result
+        r.failed_cases = {**r.failed_cases, part: {**r.failed_cases.get(part, {}), label: _error(exc)}}
+        self.say(f"{part}: {label} FAILED ({_last_line(exc)}); going on with the next case")
+        self.save()
 
 
 # an absolute path in an error names the machine that ran the bench (its user, its temporary folders); records
@@ -453,11 +459,20 @@ def run_bench(opts: BenchOptions, say: Say = print, save: Callable[[BenchResult]
         raw["data"]["max_train_samples"] = opts.batch_size * (opts.overhead_steps + 1)
         return bench_overhead(raw, opts.overhead_steps, opts.cpus, trials=opts.overhead_trials, say=say)
 
+    def search():
+        import torch
+
+        from raysent.bench.search import bench_search
+
+        say(f"search: the same {opts.search_trials}-trial search as raysent ran it before issue 61, on its defaults, "
+            "and with sentence-transformers' hyperparameter_search")
+        return bench_search(opts, rec, cuda=torch.cuda.is_available())
+
     parts: dict[str, Callable[[], object]] = {
         "training": lambda: bench_training(opts, rec),
         "speedups": lambda: bench_speedups(opts, rec, result.training),
         "evaluation": evaluation, "overhead": overhead, "gpu": lambda: bench_gpu(opts, rec),
-        "profile": lambda: bench_profile(opts, rec)}
+        "profile": lambda: bench_profile(opts, rec), "search": search}
     for part in PARTS:
         if part not in opts.parts:
             continue
@@ -505,6 +520,10 @@ def check_targets(result: BenchResult) -> Targets:
         if g.compile_again_vs_first is not None:
             gpu["gpu_compile_again_vs_first"] = entry(g.compile_again_vs_first, TARGETS["gpu_compile_again_vs_first"],
                                                       False)
+    found = result.search
+    if found is not None and any(w.device == "cuda" for w in found.ways.values()):
+        for key in ("defaults_vs_one_per_gpu", "st_vs_raysent_wall"):
+            gpu[f"gpu_search_{key}"] = entry(found.ratios.get(key), TARGETS[f"gpu_search_{key}"])
     return Targets(
         simcse_unsup_vs_st_mnrl=entry(tr.steps_per_second_vs_st_mnrl.get("simcse-unsup") if tr else None,
                                       TARGETS["simcse_unsup_vs_st_mnrl"]),

@@ -67,6 +67,10 @@ def register(sub) -> None:
                         f"first: {','.join(GPU_CASES)})")
     b.add_argument("--profile-steps", type=int, default=bd.profile_steps,
                    help=f"steps the profile part records on each side, after --warmup (default {bd.profile_steps})")
+    b.add_argument("--search-trials", type=int, default=bd.search_trials,
+                   help=f"trials of the search part, one learning rate each (default {bd.search_trials}, at most 8)")
+    b.add_argument("--search-steps", type=int, default=bd.search_steps,
+                   help=f"steps of each of the search part's trials (default {bd.search_steps})")
     b.add_argument("--output-dir", default=bd.output_dir,
                    help=f"where the JSON and markdown go (default {bd.output_dir})")
     b.set_defaults(func=run)
@@ -84,7 +88,8 @@ def run(args) -> int:
                         eval_sets=split_list([args.eval_sets]), speedups=split_list([args.speedups]),
                         threads=args.threads, output_dir=args.output_dir, peak_tflops=args.peak_tflops,
                         grad_cache_rows=args.grad_cache_rows, grad_cache_batch=args.grad_cache_batch,
-                        gpu_cases=split_list([args.gpu_cases]), profile_steps=args.profile_steps)
+                        gpu_cases=split_list([args.gpu_cases]), profile_steps=args.profile_steps,
+                        search_trials=args.search_trials, search_steps=args.search_steps)
     # looked up, not imported (~6 CPU-s): run_bench names a bad option first thing
     if importlib.util.find_spec("sentence_transformers") is None:
         raise RaysentError("raysent bench compares with sentence-transformers, which is not installed: "

@@ -55,6 +55,31 @@ def test_bench_training_speedups_and_evaluation_write_json_and_markdown(tmp_path
         assert heading in md
 
 
+def test_the_search_part_runs_one_search_in_raysent_and_in_sentence_transformers(tiny_bert, tmp_path):
+    """Issue 61: the same 2-learning-rate search, raysent's search phase (Ray started in its own process) and
+    sentence-transformers' hyperparameter_search (Optuna's grid), each trial trained and scored on STS-B dev; without
+    CUDA the defaults are one-per-gpu's settings, so that way is recorded as the same and not run again."""
+    out = tmp_path / "bench"
+    proc = run_cli("bench", "--model", tiny_bert, "--parts", "search", "--batch-size", "8", "--max-length", "16",
+                   "--search-trials", "2", "--search-steps", "2", "--output-dir", str(out), timeout=600)
+    [js] = out.glob("*.json")
+    s = json.loads(js.read_text())["search"]
+    assert (s["trials"], s["steps"], s["lrs"]) == (2, 2, [1e-5, 2e-5])
+    one, st = s["ways"]["one-per-gpu"], s["ways"]["st-hpsearch"]
+    for way in (one, st):
+        assert way["trials_finished"] == 2 and way["best_lr"] in s["lrs"] and -100 <= way["best_dev_spearman"] <= 100
+        assert way["configurations_per_hour"] == pytest.approx(2 * 3600 / way["wall_seconds"])
+        assert way["device"] == "cpu" and way["attention"] in ("sdpa", "eager") and way["compile"] is False
+    assert one["attention"] == st["attention"]  # both sides ran the same attention kernels
+    assert one["trials_at_once"] >= 1 and one["process_seconds"] > one["wall_seconds"]
+    assert s["ways"]["defaults"]["same_as"] == "one-per-gpu" and "wall_seconds" not in s["ways"]["defaults"]
+    assert s["ratios"] == {"defaults_vs_one_per_gpu": 1.0,
+                           "st_vs_raysent_wall": pytest.approx(st["wall_seconds"] / one["wall_seconds"])}
+    md = js.with_suffix(".md").read_text()
+    assert "## A short search, three ways" in md and "| raysent on its defaults (compile auto, trials packed by " \
+        "auto) | as one-per-gpu |" in md and md in proc.stdout
+
+
 def test_bench_overhead_runs_the_same_training_four_ways(ray_cluster, tiny_bert, monkeypatch):
     import datetime
     import os
@@ -279,7 +304,7 @@ def test_bench_options_are_checked():
     with pytest.raises(RaysentError, match="--eval-sets"):
         BenchOptions(eval_sets=["sts17"]).check()
     proc = run_cli("bench", "--parts", "nope", check=False)
-    assert proc.returncode == 2 and "allowed: training, speedups, evaluation, overhead, gpu, profile" in proc.stderr
+    assert proc.returncode == 2 and "allowed: training, speedups, evaluation, overhead, gpu, profile, search" in proc.stderr
     proc = run_cli("bench", "--gpu-cases", "defaults,bf16", check=False)
     assert proc.returncode == 2 and "--gpu-cases: unknown case(s) bf16; allowed" in proc.stderr
 
