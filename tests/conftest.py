@@ -374,6 +374,11 @@ class WarmStarter:
         import zygote
 
         cmd = ["raysent", *payload["argv"]] if kind == "cli" else [sys.executable, "-c", payload["code"]]
+
+        def text(f) -> str:  # decoded as text=True does: universal newlines
+            f.seek(0)
+            return io.TextIOWrapper(io.BytesIO(f.read()), encoding="utf-8", errors="replace").read()
+
         with contextlib.ExitStack() as stack:
             out = stack.enter_context(tempfile.TemporaryFile())
             err = out if one_stream else stack.enter_context(tempfile.TemporaryFile())
@@ -384,11 +389,12 @@ class WarmStarter:
             except zygote.Fallback:
                 return None
             except TimeoutError:
-                raise subprocess.TimeoutExpired(cmd, timeout) from None
-
-            def text(f) -> str:  # decoded as text=True does: universal newlines
-                f.seek(0)
-                return io.TextIOWrapper(io.BytesIO(f.read()), encoding="utf-8", errors="replace").read()
+                # what it printed before it was stopped: a hang that only the whole suite shows (the autoscaling
+                # search, 600 s in a fresh clone's run on 2026-12-03, 38 s alone) names where it stopped
+                said = text(out) + ("" if one_stream else text(err))
+                expired = subprocess.TimeoutExpired(cmd, timeout, output=said)
+                expired.add_note("its output's last lines:\n" + "\n".join(said.splitlines()[-40:]))
+                raise expired from None
 
             return subprocess.CompletedProcess(cmd, code, text(out), None if one_stream else text(err))
 

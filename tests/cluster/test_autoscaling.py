@@ -55,7 +55,7 @@ def test_the_dry_run_counts_the_gpus_the_autoscaler_can_start(cluster):
 def test_a_search_makes_the_autoscaler_start_gpu_nodes_and_trains_there(cluster, tiny_bert, tmp_path):
     path = experiment(tmp_path, "grow", SEARCH, "[1]", sts_sets="[stsb]", model=tiny_bert, max_steps=2,
                       tracking=", enabled: false")
-    done = run_cli("tune", path, "--address", cluster.address, env={"RAY_AUTH_MODE": "disabled"}, timeout=600)
+    done = run_cli("tune", path, "--address", cluster.address, env={"RAY_AUTH_MODE": "disabled"}, timeout=300)
     said = done.stderr
     assert "resources.gpus_per_worker 1 (auto:" in said and "2 trial(s) at once (trials in the phase)" in said, \
         said[-3000:]
