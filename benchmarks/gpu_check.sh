@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # GPU measurements in one device run, from the project root with the offline bundle of ../shared/gpu
 # (`bash ../shared/gpu/make-bundle.sh` builds .gpu-bundle/), on one H200 or H100:
-#   bash benchmarks/gpu_check.sh [compile64] [compile512] [gpu64] [gpu512] [methods] [profile] [overhead]
+#   bash benchmarks/gpu_check.sh [compile64] [compile512] [search] [gpu64] [gpu512] [methods] [profile] [overhead]
 # Default: issue 61's two parts, about seven minutes with the set-up (each part under its own timeout):
 #   compile64   batch 64, length 32: simcse-unsup on its defaults (compile auto: CUDA graphs) in a fresh compiler
 #               cache, sentence-transformers' MNRL bf16, the eager defaults (train.compile false), the defaults again
 #               (a search's later trial: its graphs in the cache the first filled), compiled without CUDA graphs
 #               (compile_mode default, the compile of before)
 #   compile512  batch 512: the defaults (compiled), eager, MNRL bf16
+#   search      issue 61's search part (about six minutes): 4 learning rates of 500 steps at batch 64, raysent one
+#               trial per GPU without graphs, raysent on its defaults (packed by the probe; 500 steps are under
+#               compile auto's break-even, so its log says it stays eager) and sentence-transformers'
+#               hyperparameter_search
 # Issue 46's parts stay: gpu64, gpu512, methods, profile, overhead (about nine minutes together).
 # The bundle's check.sh sets up its packages and the random BERT-base / 2-layer models (no part of its own runs),
 # then `raysent bench` measures; a part cut short keeps the cases it measured (the bench writes its record after
@@ -50,6 +54,12 @@ for part in sorted(p for p in root.iterdir() if p.is_dir()):
     if g.get("compile_again_vs_first") is not None:
         row["compile_again_vs_first"] = {k: g.get(k) for k in ("compile_first", "compile_again",
                                                                "compile_again_vs_first")}
+    if rec.get("search"):
+        s = rec["search"]
+        row["search"] = {"ratios": s.get("ratios"), "ways": {w: {f: v.get(f) for f in (
+            "wall_seconds", "configurations_per_hour", "trials_at_once", "trials_per_gpu", "compile", "cuda_graphs",
+            "attention", "gpu_util_mean_percent", "gpu_memory_peak_mib", "best_lr", "best_dev_spearman")}
+            for w, v in (s.get("ways") or {}).items()}}
     out[part.name] = row
 pathlib.Path(sys.argv[2]).write_text(json.dumps(out, indent=1))
 print(json.dumps({k: {x: v.get(x) for x in ("defaults_compiled_vs_eager_steps_per_second", "compile_again_vs_first",
@@ -65,6 +75,8 @@ for part in $PARTS; do case $part in
            --gpu-cases defaults,st-mnrl-bf16,eager,defaults-again,compile-default;;
   compile512) bench 150 compile512 --model bert-base-random --parts gpu --batch-size 512 --steps 10 --warmup 3 \
            --gpu-cases defaults,eager,st-mnrl-bf16;;
+  search) bench 480 search --model bert-base-random --parts search --batch-size 64 --max-length 32 \
+           --search-trials 4 --search-steps 500;;
   gpu64) bench 170 gpu64 --model bert-base-random --parts gpu --batch-size 64 --steps 30 --warmup 5 \
            --gpu-cases defaults,st-mnrl-bf16,fp32,length-buckets-4,fused-adamw-off,huge-pages-on,defaults-again,compile;;
   gpu512) bench 110 gpu512 --model bert-base-random --parts gpu --batch-size 512 --steps 10 --warmup 3 \

@@ -15,7 +15,10 @@ One command run measures, on the same model, batch size and sequence length:
    flipped, against sentence-transformers' MNRL in bf16 (and fp32): steps/s, sentences/s, the ratio,
    GPU memory and model FLOPs utilisation (PaLM's formula) against the device's stated peak;
 6. **profile**: a few steps of raysent's simcse-unsup and of MNRL under torch.profiler: operators,
-   host milliseconds and host-device waits per step (:mod:`raysent.bench.profile`).
+   host milliseconds and host-device waits per step (:mod:`raysent.bench.profile`);
+7. **search**: one short search three ways (raysent one trial per GPU without graphs, raysent on its
+   defaults, sentence-transformers' ``hyperparameter_search``): wall time, configurations per hour and the
+   GPU's utilisation (:mod:`raysent.bench.search`).
 
 A case that fails loses only itself (its error in ``failed_cases``), and the record is handed to be
 written after every case, so a run killed by a timeout keeps every case it measured.

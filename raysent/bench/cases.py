@@ -14,7 +14,7 @@ and it prints one line ``RESULT {json}``. The kinds:
   ``SentenceTransformerTrainer`` on the same model, sentences, batch size and sequence length, each
   sentence its own positive (the unsupervised-SimCSE recipe of sentence-transformers' docs);
 * ``profile-method`` and ``profile-st-mnrl``: the same two under torch.profiler (:mod:`raysent.bench.profile`);
-* ``raysent-search`` and ``st-hpsearch``: the search part's ways (:mod:`raysent.bench.search`).
+* the search part's ways, ``raysent-search`` and ``st-hpsearch``, are in :mod:`raysent.bench.search_cases`.
 
 The first two time ``steps`` optimizer steps after ``warmup`` untimed ones, data loading included; the device is
 waited for only where the timing starts and ends (a step returns its loss on the device). Both also report what
@@ -349,31 +349,20 @@ def profile_st_mnrl_case(spec: dict) -> dict:
         return {**summarize(prof.events()), **run.record()}
 
 
-def raysent_search_case(spec: dict) -> dict:
-    from raysent.bench.search import raysent_search_case as case
-
-    return case(spec)
-
-
-def st_search_case(spec: dict) -> dict:
-    from raysent.bench.search import st_search_case as case
-
-    return case(spec)
-
-
 CASES = {"method": method_case, "st-mnrl": st_mnrl_case, "profile-method": profile_method_case,
-         "profile-st-mnrl": profile_st_mnrl_case, "raysent-search": raysent_search_case,
-         "st-hpsearch": st_search_case}
+         "profile-st-mnrl": profile_st_mnrl_case}
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, cases: dict | None = None) -> int:
+    """Run the case ``argv[0]`` (its spec, JSON) names by ``kind``, of ``cases`` (these; the search part's are in
+    :mod:`raysent.bench.search_cases`), and print its ``RESULT`` line."""
     argv = sys.argv[1:] if argv is None else argv
     spec = json.loads(argv[0])
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
-    result = CASES[spec["kind"]](spec)
+    result = (CASES if cases is None else cases)[spec["kind"]](spec)
     print(RESULT_PREFIX + json.dumps(result, default=str), flush=True)
     return 0
 

@@ -105,10 +105,12 @@ def method_config(opts: BenchOptions, method: str, **train) -> dict:
 @overload
 def run_case(spec: dict, say: Say) -> CaseResult: ...
 @overload
-def run_case(spec: dict, say: Say, model: type[M]) -> M: ...
-def run_case(spec: dict, say: Say, model: type[BaseModel] = CaseResult) -> BaseModel:
-    """One case in a fresh process (:mod:`raysent.bench.cases`), its report read as ``model``."""
-    proc = subprocess.run([sys.executable, "-m", "raysent.bench.cases", json.dumps(spec)], capture_output=True,
+def run_case(spec: dict, say: Say, model: type[M], module: str = ...) -> M: ...
+def run_case(spec: dict, say: Say, model: type[BaseModel] = CaseResult,
+             module: str = "raysent.bench.cases") -> BaseModel:
+    """One case in a fresh process (``python -m module``: :mod:`raysent.bench.cases`, or another module whose
+    ``main`` is that one's), its report read as ``model``."""
+    proc = subprocess.run([sys.executable, "-m", module, json.dumps(spec)], capture_output=True,
                           text=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_PREFIX)]
     if proc.returncode != 0 or not lines:
@@ -466,7 +468,7 @@ def run_bench(opts: BenchOptions, say: Say = print, save: Callable[[BenchResult]
 
         say(f"search: the same {opts.search_trials}-trial search as raysent ran it before issue 61, on its defaults, "
             "and with sentence-transformers' hyperparameter_search")
-        return bench_search(opts, rec, cuda=torch.cuda.is_available())
+        return bench_search(opts, rec, cuda=torch.cuda.is_available(), run_case=run_case)
 
     parts: dict[str, Callable[[], object]] = {
         "training": lambda: bench_training(opts, rec),

@@ -59,7 +59,7 @@ def test_a_committed_record_is_written_back_field_for_field(path: Path):
     written = BenchResult.model_validate(raw).to_json()
     defaults = BenchOptions()
     for name in set(written["options"]) - set(raw["options"]):  # options newer than the record: their defaults
-        assert name in ("overhead_trials", "gpu_cases", "profile_steps")
+        assert name in ("overhead_trials", "gpu_cases", "profile_steps", "search_trials", "search_steps")
         assert written["options"].pop(name) == getattr(defaults, name)
     assert written == raw
 
