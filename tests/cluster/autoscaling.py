@@ -10,6 +10,11 @@ Three changes to Ray's class, each because of this machine, none to what the aut
 * Its ``start()`` and ``shutdown()`` run ``ray stop --force``, which stops every Ray on the machine, the test
   session's included: this head gets a free port and a temp dir of its own, and is stopped by its processes alone.
 * The fake provider starts nodes against port 6379 unless the provider config names the GCS (``gcs_address``).
+
+One change to the config: idle nodes are ended after 5 minutes, not 6 s, so the nodes a search's first phase
+started are still there for its final phase (the test's search hung for 600 s in two whole-suite runs of
+2026-12-03, on a loaded machine, and passed alone in 28-45 s: a node ended between the phases as the next phase's
+trial is placed on it is the race suspected; what the test checks is that the autoscaler starts GPU nodes).
 """
 
 from __future__ import annotations
@@ -79,7 +84,7 @@ class IsolatedAutoscalingCluster(AutoscalingCluster):
                          "disable_launch_config_check": True, "gcs_address": self.address},
             "available_node_types": {**worker_node_types, "ray.head.default": {
                 "resources": dict(head_resources), "node_config": {}, "max_workers": 0}},
-            "head_node_type": "ray.head.default", "auth": {}, "upscaling_speed": 1.0, "idle_timeout_minutes": 0.1,
+            "head_node_type": "ray.head.default", "auth": {}, "upscaling_speed": 1.0, "idle_timeout_minutes": 5,
             "docker": {}, "initialization_commands": [], "setup_commands": [], "head_setup_commands": [],
             "worker_setup_commands": [], "head_start_ray_commands": [], "worker_start_ray_commands": [],
             "file_mounts": {}, "cluster_synced_files": [], "file_mounts_sync_continuously": False,
@@ -107,3 +112,13 @@ class IsolatedAutoscalingCluster(AutoscalingCluster):
 
     def shutdown(self):
         stop_cluster(self.temp_dir)
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last lines of the autoscaler's log (``monitor.log``) and of each raylet's, for a test that timed out
+        to say what the cluster was doing."""
+        out = []
+        for log in sorted(Path(self.temp_dir).glob("session_2*/logs/monitor.log")) + \
+                sorted(Path(self.temp_dir).glob("session_2*/logs/raylet*.out")):  # not session_latest, a link
+            text = log.read_text(errors="replace").splitlines()[-lines:]
+            out.append(f"--- {log.name}\n" + "\n".join(text))
+        return "\n".join(out) or f"no logs under {self.temp_dir}"

@@ -6,6 +6,7 @@ autoscaler start GPU nodes and trains there (on the CPU: the nodes' GPUs are fak
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 
@@ -55,7 +56,12 @@ def test_the_dry_run_counts_the_gpus_the_autoscaler_can_start(cluster):
 def test_a_search_makes_the_autoscaler_start_gpu_nodes_and_trains_there(cluster, tiny_bert, tmp_path):
     path = experiment(tmp_path, "grow", SEARCH, "[1]", sts_sets="[stsb]", model=tiny_bert, max_steps=2,
                       tracking=", enabled: false")
-    done = run_cli("tune", path, "--address", cluster.address, env={"RAY_AUTH_MODE": "disabled"}, timeout=300)
+    try:
+        done = run_cli("tune", path, "--address", cluster.address, env={"RAY_AUTH_MODE": "disabled"}, timeout=300)
+    except subprocess.TimeoutExpired as exc:  # where the search and the cluster stood (alone: 28-45 s)
+        said = exc.output.decode(errors="replace") if isinstance(exc.output, bytes) else str(exc.output or "")
+        raise AssertionError(f"the search hung; it printed:\n{said[-4000:]}\n"
+                             f"the cluster's logs:\n{cluster.log_tail()}") from None
     said = done.stderr
     assert "resources.gpus_per_worker 1 (auto:" in said and "2 trial(s) at once (trials in the phase)" in said, \
         said[-3000:]
