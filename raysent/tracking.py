@@ -240,16 +240,17 @@ class LiveRun:
         except Exception as exc:
             warnings.warn(f"MLflow: run {run_id} keeps its error tag from before it was resumed: {exc}", stacklevel=3)
 
-    def log(self, metrics: dict, step: int) -> None:
-        """One evaluation's numbers (``dev_spearman``, ``dev/<set>``, ``loss``, ...) at its step (not the
-        end-of-run report, which repeats the last evaluation)."""
-        if self.run_id is None or metrics.get("finished"):
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        """One evaluation's numbers (``dev_spearman``, ``dev/<set>``, ``loss``, ...) at its step (its callers log
+        the loop's evaluations, not the end-of-run report, which repeats the last one:
+        :attr:`raysent.tune.protocol.TrialResult.logged_step`)."""
+        if self.run_id is None:
             return
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
         batch = [Metric(_key(k), float(v), now, int(step)) for k, v in metrics.items()
-                 if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)]
+                 if isinstance(v, (int, float)) and not isinstance(v, bool)]
         try:
             client(self.uri).log_batch(self.run_id, metrics=batch)
         except Exception as exc:

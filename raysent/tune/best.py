@@ -19,7 +19,7 @@ from raysent.errors import RaysentError
 from raysent.tracking import log_configuration
 from raysent.train.records import RunRecord, learned, read_record
 from raysent.tune.state import ArmOutcome, Best, ConfigScore, FailedTrial, ScoreStat, StoppedTrial
-from raysent.tune.trial import STOPPED_DIR, MlflowTarget
+from raysent.tune.protocol import STOPPED_DIR, MlflowTarget
 
 
 def records(exp: Path, phase: str, run: str, folder: str = "runs") -> list[RunRecord]:

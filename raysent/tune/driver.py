@@ -90,10 +90,9 @@ from raysent.tune.storage import (
     tune_storage,
     with_absolute_storage,
 )
+from raysent.tune.protocol import BEST, DEV, MlflowTarget, TrialContext
 from raysent.tune.trial import (
     GATE_VAR,
-    MlflowTarget,
-    TrialContext,
     TrialNamer,
     run_trial,
     this_node,
@@ -112,8 +111,10 @@ BROKEN_RECORD_FIX = ("Delete each broken file and run `raysent tune {source} --r
 
 # --------------------------------------------------------------------------- the trials
 def tune_metric(cfg: ExperimentConfig) -> str:
-    metric = cfg.search.metric if cfg.search else "dev_spearman"
-    return "best_dev_spearman" if metric == "dev_spearman" else metric
+    """What the trials report to the searcher for ``search.metric``: the mean dev Spearman is told as the run's
+    best (its score at its best evaluation), a ``dev/<set>`` score as it is."""
+    metric = cfg.search.metric if cfg.search else DEV
+    return BEST if metric == DEV else metric
 
 
 def reuse_trial_processes(cfg: ExperimentConfig) -> bool:

@@ -47,7 +47,7 @@ from raysent.tracking import client, experiment_name, fluent, redact, tracking_u
 from raysent.train.records import RunRecord
 from raysent.tune.best import records
 from raysent.tune.state import LoggedModel, Published, PublishedModel, Registered, SearchState
-from raysent.tune.trial import MlflowTarget
+from raysent.tune.protocol import MlflowTarget
 
 # Lazy imports: mlflow, ray, sentence_transformers, transformers, raysent's heavier modules (heavy, and only the
 # functions that need them import them).

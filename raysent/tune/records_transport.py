@@ -1,7 +1,8 @@
 """Run records between the trials and the driver.
 
-A finished trial writes its run record where it runs and sends it in its last result to Tune (``RECORD_KEY``:
-one record, or a list for a trial that trains all its configuration's seeds). On a cluster the trial may run on
+A finished trial writes its run record where it runs and sends it in its last result to Tune (a
+:class:`~raysent.tune.protocol.TrialResult`: one record, or one per seed for a trial that trains all its
+configuration's seeds). On a cluster the trial may run on
 another node, whose disk the driver cannot read: the driver writes every record it was sent and does not have
 (:func:`write_sent_records`), with the run's MLflow files the trial could not write (the artifact folder is on the
 driver). ``--resume`` writes again the records Tune holds a finished result of and that are missing from runs/
@@ -11,7 +12,6 @@ ended (:func:`check_complete`).
 
 from __future__ import annotations
 
-import json
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -22,9 +22,9 @@ import yaml
 from raysent.config import ExperimentConfig
 from raysent.errors import Interrupted
 from raysent.tracking import log_record_artifacts, redact
-from raysent.train.records import RunRecord, validate_record
+from raysent.train.records import RunRecord
 from raysent.tune.storage import experiment_dir, tune_storage
-from raysent.tune.trial import RECORD_KEY, STOPPED_DIR, MlflowTarget
+from raysent.tune.protocol import STOPPED_DIR, MlflowTarget, TrialResult
 
 if TYPE_CHECKING:
     from ray.tune import Result, ResultGrid
@@ -34,12 +34,7 @@ if TYPE_CHECKING:
 
 def sent_records(metrics: Mapping[str, Any]) -> list[RunRecord]:
     """The run records one trial sent in its last result (none: it did not finish)."""
-    text = metrics.get(RECORD_KEY)
-    if not text:
-        return []
-    sent = json.loads(text)  # one record, or a list: the seeds of a trial that trains them all
-    return [validate_record(data, f"the record trial {metrics.get('trial_id')} sent")
-            for data in (sent if isinstance(sent, list) else [sent])]
+    return TrialResult.from_tune(metrics).records or []
 
 
 def write_sent_records(last_results: Iterable[Mapping[str, Any]], exp: Path, mlflow: MlflowTarget | None = None) -> int:
@@ -102,12 +97,12 @@ def check_complete(results: Sequence[Result], expected: int, cfg: ExperimentConf
     stopped_ids = {p.stem.rsplit("-", 1)[-1] for p in (experiment_dir(cfg) / STOPPED_DIR).glob("*.json")}
     finished = failed = stopped = 0
     for r in results:
-        metrics = r.metrics or {}
-        if metrics.get(RECORD_KEY):
+        sent = TrialResult.from_tune(r.metrics, read_records=False)
+        if sent.sent:
             finished += 1
         elif r.error is not None:
             failed += 1
-        elif metrics.get("trial_id") in stopped_ids:
+        elif sent.trial_id in stopped_ids:
             stopped += 1
     running = len(results) - finished - failed - stopped
     if running or len(results) < expected:

@@ -8,14 +8,12 @@ dev scores (``search.pruner: wilcoxon``, :mod:`raysent.tune.wilcoxon`); with eit
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
 from raysent.config import ExperimentConfig
-from raysent.tune.seeds import SEED_POINTS
-from raysent.tune.trial import RECORD_KEY, TrialContext
+from raysent.tune.protocol import TrialContext, TrialResult
 from raysent.tune.wilcoxon import WilcoxonDecision, point_key
 
 
@@ -52,17 +50,20 @@ class WilcoxonScheduler(FIFOScheduler):
     def on_trial_result(self, tune_controller, trial, result: dict) -> str:
         if not self._read:
             self._read_records()
-        if SEED_POINTS not in result or result.get("finished"):
+        reported = TrialResult.from_tune(result, read_records=False)
+        if reported.seed_points is None or reported.finished:
             return TrialScheduler.CONTINUE
-        self.decision.observe(trial.trial_id, json.loads(result[SEED_POINTS]))
+        self.decision.observe(trial.trial_id, reported.seed_points)
         if self.decision.should_stop(trial.trial_id):
             self.stopped.append(trial.trial_id)
             return TrialScheduler.STOP
         return TrialScheduler.CONTINUE
 
     def on_trial_complete(self, tune_controller, trial, result: dict) -> None:
-        if result and result.get(RECORD_KEY) and isinstance(result.get(self._metric), (int, float)):
-            self.decision.finish(trial.trial_id, float(result[self._metric]))
+        reported = TrialResult.from_tune(result, read_records=False)
+        value = reported.value(self._metric) if self._metric else None
+        if reported.sent and value is not None:
+            self.decision.finish(trial.trial_id, value)
 
     def debug_string(self) -> str:
         return (f"WilcoxonPruner (Optuna) over per-seed dev scores: {len(self.stopped)} stopped, "

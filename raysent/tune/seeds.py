@@ -23,7 +23,6 @@ exists is not trained again, and the others go on from their checkpoints. Import
 
 from __future__ import annotations
 
-import json
 import math
 import threading
 import time
@@ -38,15 +37,13 @@ from raysent.train.loop import TrainHooks, rng_state, set_rng_state
 from raysent.train.records import RunIdentity, RunRecord, TrainSummary, read_record
 from raysent.train.resources import claim_devices
 from raysent.train.run import train_in_process
+from raysent.tune.protocol import TrialContext, TrialResult, from_record, numbers, reported, seed_point
 from raysent.tune.trial import (
-    RECORD_KEY,
-    TrialContext,
     build_record,
     drop_checkpoints,
     open_live_run,
     prepare_process,
     record_path,
-    reported,
     resolve_trial,
     save_record,
     search_seeds,
@@ -57,7 +54,6 @@ from raysent.tune.trial import (
 
 # Lazy imports: ray (heavy, and only the functions that need them import them).
 
-SEED_POINTS = "seed_points"  # the result key of each seed's latest evaluation (JSON), for stopped trials' records
 JOIN_SECONDS = 120  # how long an ended trial waits for its seeds' threads to leave their loops
 
 
@@ -126,10 +122,11 @@ class SeedHooks(TrainHooks):
     def report(self, metrics: dict, checkpoint_dir) -> None:
         super().report(metrics, checkpoint_dir)
         run = self.run
-        if run.live is not None and "step" in metrics:
-            run.live.log(metrics, metrics["step"])
+        result = TrialResult.from_loop(metrics)
+        if run.live is not None and (step := result.logged_step) is not None:
+            run.live.log(result.metrics, step)
         run.latest = dict(metrics)
-        if metrics.get("finished"):
+        if result.finished:
             return  # the end of a stage or the run; the thread hands back when it ends
         run.fresh = True
         rng = rng_state()  # the other seeds draw from the same generators in their turns
@@ -158,16 +155,11 @@ def _train(run: SeedRun, baton: Baton, ctx: TrialContext) -> None:
         baton.hand_back(run.seed)
 
 
-def _numbers(metrics: dict) -> dict[str, float]:
-    return {k: float(v) for k, v in metrics.items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("step", "epoch", "best_step")}
-
-
 def seed_mean(points: list[dict]) -> dict[str, float]:
     """The mean over the seeds of every number their latest evaluations share, with its sample std
     (``<name>_std``; 0 for one seed); NaN scores (a seed whose dev score is undefined) are left out."""
     out: dict[str, float] = {}
-    nums = [_numbers(p) for p in points]
+    nums = [numbers(p) for p in points]
     shared = set.intersection(*(set(n) for n in nums)) if nums else set()
     for key in sorted(shared):
         vals = np.array([n[key] for n in nums])
@@ -177,17 +169,12 @@ def seed_mean(points: list[dict]) -> dict[str, float]:
     return out
 
 
-def _point(metrics: dict) -> dict:
-    """What the driver needs to record a seed of a stopped trial: its evaluation and its best so far."""
-    keep = ("step", "dev_spearman", "best_dev_spearman", "best_step")
-    return {k: v for k, v in metrics.items() if k in keep or k.startswith("dev/")}
-
-
-def round_result(runs: list[SeedRun]) -> dict:
+def round_result(runs: list[SeedRun]) -> TrialResult:
     """The result a round reports to Tune: the seed mean and std, the seeds' step, each seed's point."""
     points = [r.latest for r in runs if r.latest]
-    return {**seed_mean(points), "step": min(int(p.get("step", 0)) for p in points), "seeds": len(points),
-            SEED_POINTS: json.dumps({str(r.seed): _point(r.latest) for r in runs if r.latest}), "finished": False}
+    steps = [TrialResult.from_loop(p).step for p in points]
+    return TrialResult(metrics=seed_mean(points), step=min(s or 0 for s in steps), seeds=len(points),
+                       seed_points={str(r.seed): seed_point(r.latest) for r in runs if r.latest})
 
 
 def _existing(run: SeedRun, ctx: TrialContext) -> RunRecord | None:
@@ -203,8 +190,8 @@ def run_seeds(config: dict, ctx: TrialContext) -> None:
     prepare_process(ctx)
     wait_at_gate(ctx.gate)
     records = run_seed_group(config, ctx, tune.get_context().get_trial_id())
-    tune.report({**seed_mean([reported(r, ctx.metric) for r in records]), "seeds": len(records), "finished": True,
-                 RECORD_KEY: json.dumps([r.to_json() for r in records], default=str)})
+    tune.report(TrialResult.done(records, seed_mean([reported(r, ctx.metric) for r in records]),
+                                 seeds=len(records)).to_tune())
 
 
 def run_seed_group(config: dict, ctx: TrialContext, trial_id: str) -> list[RunRecord]:
@@ -220,9 +207,7 @@ def run_seed_group(config: dict, ctx: TrialContext, trial_id: str) -> list[RunRe
         run = SeedRun(seed, hp, cfg, trial_identity(ctx, hp, seed, trial_id))
         run.record = _existing(run, ctx)  # --resume: finished before the search was interrupted
         if run.record is not None:
-            last = run.record.dev_curve[-1].scores() if run.record.dev_curve else {}
-            run.done, run.latest = True, {**last, "best_dev_spearman": run.record.best_dev_spearman,
-                                          "best_step": run.record.best_step}
+            run.done, run.latest = True, from_record(run.record)
         runs.append(run)
     baton = Baton()
     threads = [threading.Thread(target=_train, args=(r, baton, ctx), name=f"seed-{r.seed}", daemon=True)
@@ -242,7 +227,7 @@ def run_seed_group(config: dict, ctx: TrialContext, trial_id: str) -> list[RunRe
                 if r.error is not None:
                     raise r.error
             if any(r.fresh for r in runs):
-                tune.report(round_result(runs))
+                tune.report(round_result(runs).to_tune())
         ended = True
     finally:
         if not ended:  # stopped by the scheduler (Tune ends this thread in tune.report), a failed seed, Ctrl-C

@@ -16,7 +16,6 @@ stopped trials.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -25,26 +24,15 @@ from ray.tune import Callback
 from raysent.tracking import LiveRun
 from raysent.train.ray_train import take_best_model_of_run
 from raysent.train.records import CurvePoint, StoppedBy
-from raysent.tune.seeds import SEED_POINTS
+from raysent.tune.protocol import TrialContext, TrialResult
 from raysent.tune.trial import (
     LIVE_RUN_FILE,
-    RECORD_KEY,
-    TrialContext,
     build_record,
     drop_checkpoints,
     record_path,
     resolve_trial,
     save_record,
 )
-
-
-def curve_point(result: dict) -> dict | None:
-    """The dev-curve point of a reported result (as the loop's ``dev_curve`` holds it), None if the
-    result is not an evaluation."""
-    if "dev_spearman" not in result or "step" not in result:
-        return None
-    return {"step": int(result["step"]),
-            **{k: v for k, v in result.items() if (k == "dev_spearman" or k.startswith("dev/"))}}
 
 
 SEED_KEY = "/seed"
@@ -55,49 +43,51 @@ class StoppedTrials(Callback):
 
     def __init__(self, ctx: TrialContext):
         self.ctx = ctx
-        self.curves: dict[str, list[dict]] = {}  # by trial id, or "<trial id>/seed<seed>"
+        self.curves: dict[str, list[CurvePoint]] = {}  # by trial id, or "<trial id>/seed<seed>"
         self.latest: dict[str, dict] = {}  # a seed's newest point (its best so far), by "<trial id>/seed<seed>"
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
-        if SEED_POINTS in result:  # a trial of all its configuration's seeds: each seed's curve
-            for seed, point in json.loads(result[SEED_POINTS]).items():
-                self._add(f"{trial.trial_id}{SEED_KEY}{seed}", point)
+        reported = TrialResult.from_tune(result, read_records=False)
+        if reported.seed_points is not None:  # a trial of all its configuration's seeds: each seed's curve
+            for seed, point in reported.seed_points.items():
+                self._add(f"{trial.trial_id}{SEED_KEY}{seed}", TrialResult.from_tune(point))
                 self.latest[f"{trial.trial_id}{SEED_KEY}{seed}"] = point
         else:
-            self._add(trial.trial_id, result)
+            self._add(trial.trial_id, reported)
 
-    def _add(self, key: str, result: dict) -> None:
-        point = curve_point(result)
-        if point is None:
+    def _add(self, key: str, result: TrialResult) -> None:
+        found = result.curve_point()
+        if found is None:
             return
+        point = CurvePoint.model_validate(found)
         curve = self.curves.setdefault(key, [])
-        if curve and curve[-1]["step"] == point["step"]:  # the end-of-run report repeats the last evaluation
+        if curve and curve[-1].step == point.step:  # the end-of-run report repeats the last evaluation
             curve[-1] = point
         else:
             curve.append(point)
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         last = trial.last_result or {}
-        if last.get(RECORD_KEY):
+        if TrialResult.from_tune(last, read_records=False).sent:
             return  # ran to its end (run_trial wrote and sent its record(s))
         prefix = f"{trial.trial_id}{SEED_KEY}"
         seeds: list[int | None] = [int(k[len(prefix):]) for k in self.curves if k.startswith(prefix)]
         for seed in seeds or ([None] if self.curves.get(trial.trial_id) else []):  # none: no evaluation yet
             try:
                 own = {**last, **self.latest[f"{prefix}{seed}"]} if seed is not None else last
-                self.record(trial, own, seed)
+                self.record(trial, TrialResult.from_tune(own, read_records=False), seed)
             except Exception as exc:
                 import warnings
 
                 warnings.warn(f"could not record stopped trial {trial.trial_id}"
                               + (f" (seed {seed})" if seed is not None else "") + f": {exc}", stacklevel=2)
 
-    def record(self, trial, last: dict, seed: int | None = None) -> Path:
+    def record(self, trial, last: TrialResult, seed: int | None = None) -> Path:
         """Write the record of a stopped trial (``seed``: one seed of a trial that trains them all)."""
         ctx = self.ctx
         curve = self.curves[trial.trial_id if seed is None else f"{trial.trial_id}{SEED_KEY}{seed}"]
         hp, seed, _, cfg = resolve_trial(trial.config, ctx, trial.trial_id, seed=seed)
-        best = max(curve, key=lambda p: p["dev_spearman"])
+        best = max(curve, key=lambda p: p.dev_spearman)
         out = cfg.output_dir()
         if cfg.resources.workers and not (out / "best").is_dir():
             # a Ray Train trial keeps its best model in its checkpoints until it finishes
@@ -109,16 +99,16 @@ class StoppedTrials(Callback):
 
                 warnings.warn(f"stopped trial {trial.trial_id}: no best model from its checkpoints: {exc}",
                               stacklevel=2)
-        points = [CurvePoint.model_validate(p) for p in curve]
-        start = points[0].scores() if points and points[0].step == 0 else None
-        reported = {"best_dev_spearman": last.get("best_dev_spearman", best["dev_spearman"]),
-                    "best_step": last.get("best_step", best["step"]), "initial_dev": start,
-                    "dev_curve": points, "final_step": last.get("step"), "workers": cfg.resources.workers or 1,
-                    "best_model_dir": str(out / "best") if (out / "best").is_dir() else None}
-        rec = build_record(ctx, cfg, hp, seed, trial.trial_id, **reported,
-                           wall_seconds=last.get("time_total_s"),  # the trial's, until its last report
-                           stopped=StoppedBy(by="scheduler", at_step=last.get("step"),
-                                             training_iteration=last.get("training_iteration"),
+        start = curve[0].scores() if curve and curve[0].step == 0 else None
+        best_score, best_step = last.best()
+        rec = build_record(ctx, cfg, hp, seed, trial.trial_id,
+                           best_dev_spearman=best.dev_spearman if best_score is None else best_score,
+                           best_step=best.step if best_step is None else best_step, initial_dev=start,
+                           dev_curve=list(curve), final_step=last.step, workers=cfg.resources.workers or 1,
+                           best_model_dir=str(out / "best") if (out / "best").is_dir() else None,
+                           wall_seconds=last.time_total_s,  # the trial's, until its last report
+                           stopped=StoppedBy(by="scheduler", at_step=last.step,
+                                             training_iteration=last.training_iteration,
                                              total_steps=cfg.train.max_steps),
                            finished_at=time.time())
         path = record_path(ctx, rec, stopped=True)

@@ -1,26 +1,23 @@
 """One trial of a search or of its final phase, as it runs in the trial's process (:func:`run_trial`).
 
-What it is told (:class:`TrialContext`), the run it resolves to (a configuration and a seed), the training
-(in the trial's process, or on Ray Train workers) with its live MLflow run, the final phase's test
-evaluation, the record it leaves (:class:`~raysent.train.records.RunRecord`, written here and sent to the
-driver in the trial's last result) and the checkpoints it drops. The driver uses the record helpers too, to
-record the trials a scheduler stops (:mod:`raysent.tune.stopped`). Ray, Tune and MLflow are imported inside
-the functions that run in the trial (the driver imports this module before Ray starts).
+What it is told (:class:`~raysent.tune.protocol.TrialContext`), the run it resolves to (a configuration and a
+seed), the training (in the trial's process, or on Ray Train workers) with its live MLflow run, the final phase's
+test evaluation, the record it leaves (:class:`~raysent.train.records.RunRecord`, written here and sent to the
+driver in the trial's last result, a :class:`~raysent.tune.protocol.TrialResult`) and the checkpoints it drops.
+The driver uses the record helpers too, to record the trials a scheduler stops (:mod:`raysent.tune.stopped`). Ray,
+Tune and MLflow are imported inside the functions that run in the trial (the driver imports this module before Ray
+starts).
 """
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import shutil
 import sys
 import time
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
-
-from pydantic import BaseModel, ConfigDict
+from typing import Any
 
 from raysent.config import ExperimentConfig, hyperparameters, parse_config, with_overrides
 from raysent.errors import RaysentError
@@ -35,53 +32,10 @@ from raysent.train.ray_train import delete_checkpoints, train_one_with_ray
 from raysent.train.records import RunIdentity, RunRecord, TrainSummary, diverged, learned, read_record
 from raysent.train.resources import cap_memory, claim_devices
 from raysent.train.run import reuse_across_runs, train_in_process, train_stages
+from raysent.tune.protocol import STOPPED_DIR, TrialContext, TrialResult, reported
 from raysent.tune.space import config_id, decode
 
-if TYPE_CHECKING:
-    from raysent.tracking import LiveRun
-
 # Lazy imports: ray, raysent's heavier modules (heavy, and only the functions that need them import them).
-
-RECORD_KEY = "raysent_record"  # the result key a finished trial sends its record in (see run_trial)
-STOPPED_DIR = "stopped"
-
-
-class MlflowTarget(BaseModel):
-    """Where a trial logs its MLflow run: the tracking URI, the experiment and the parent run."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    uri: str
-    experiment_id: str
-    parent: str | None = None
-
-
-class TrialContext(BaseModel):
-    """What every trial of one phase is given (through ``tune.with_parameters``)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    config: dict[str, Any]  # the experiment (the final phase's: with the best configuration applied)
-    source: str  # the experiment file, for errors
-    phase: Literal["search", "final"]
-    run: str  # the search's run id
-    exp_dir: str  # results/<experiment>
-    metric: str  # what the trial reports to the searcher
-    mlflow: MlflowTarget | None = None
-    env: dict[str, str] = {}  # RAYSENT_DATA_DIR & co. as the driver resolved them
-    # the final phase's configurations by arm, run together in one Tune run: "" the searched best (or the
-    # configuration as given), "paper" search.warm_start's comparison (its folders are named after it); a trial's
-    # Tune config names its arm (``arm``; absent: "")
-    arms: dict[str, dict[str, Any]] = {}
-    driver_node: str | None = None  # the Ray node of the search's driver (its disk holds results/)
-    # RAYSENT_TRIAL_GATE of the driver (tests): a folder in which each trial signals its start and waits for its turn
-    # (:func:`wait_at_gate`), so that a test interrupts a search at a point the code signals, not after a delay
-    gate: str | None = None
-    # what every run of the phase was given (raysent.train.resources.run_record): GPUs per trial, trials per GPU and
-    # at once, the memory cap of a trial that shares a GPU, how auto chose; kept in each run record
-    resources: dict[str, Any] = {}
-
-    @property
-    def experiment(self) -> str:
-        return Path(self.exp_dir).name
 
 
 class TuneHooks(TrainHooks):
@@ -97,9 +51,10 @@ class TuneHooks(TrainHooks):
         from ray import tune
 
         super().report(metrics, checkpoint_dir)
-        if self.live is not None and "step" in metrics:
-            self.live.log(metrics, metrics["step"])
-        tune.report({k: v for k, v in metrics.items() if isinstance(v, (int, float, bool))})
+        result = TrialResult.from_loop(metrics)
+        if self.live is not None and (step := result.logged_step) is not None:
+            self.live.log(result.metrics, step)
+        tune.report(result.to_tune())
 
 
 def quiet_exit(unraisable) -> None:
@@ -340,17 +295,8 @@ def run_trial(config: dict, ctx: TrialContext) -> None:
     # a record written before the search was interrupted (or by an earlier trial of the same configuration and
     # seed): the run is not trained, nor logged, twice
     record = read_record(done) if done.is_file() else train_and_record(cfg, ctx, hp, seed, trial_id, identity)
-    tune.report({**reported(record, ctx.metric), "seed": seed, "finished": True,
-                 RECORD_KEY: json.dumps(record.to_json(), default=str),
-                 **{k: v for k, v in record.scores.items() if isinstance(v, float)}})
-
-
-def reported(record: RunRecord, metric: str) -> dict[str, float]:
-    """What a finished run tells the searcher: its best dev score, or ``metric`` at its last evaluation."""
-    if metric == "best_dev_spearman":
-        return {metric: record.best_dev_spearman}
-    last = record.dev_curve[-1].scores() if record.dev_curve else {}
-    return {metric: float(last.get(metric, math.nan))}
+    scores = {k: v for k, v in record.scores.items() if isinstance(v, float)}
+    tune.report(TrialResult.done([record], {**reported(record, ctx.metric), **scores}, seed=seed).to_tune())
 
 
 # what a run's training depends on, by part of the experiment; a search run and a final run of one configuration

@@ -29,18 +29,20 @@ import warnings
 from collections.abc import Iterable
 from typing import Any
 
+from raysent.tune.protocol import BEST, DEV, STEP
+
 
 def point_key(metric: str) -> str:
     """The per-seed score of an evaluation that stands for the search's metric (``best_dev_spearman``: the dev
     score at that evaluation, ``dev_spearman``; ``dev/<set>``: that set's)."""
-    return "dev_spearman" if metric == "best_dev_spearman" else metric
+    return DEV if metric == BEST else metric
 
 
 class WilcoxonDecision:
     """The pruner's state as plain data (Tune may save it with the experiment): each configuration's per-instance
     scores, and the seed mean of each configuration that finished."""
 
-    def __init__(self, mode: str, p_threshold: float = 0.1, n_startup_steps: int = 2, key: str = "dev_spearman",
+    def __init__(self, mode: str, p_threshold: float = 0.1, n_startup_steps: int = 2, key: str = DEV,
                  last: tuple[int, int] | None = None):
         self.mode, self.p_threshold, self.n_startup_steps, self.key = mode, p_threshold, n_startup_steps, key
         self.last = last  # (stage, step) of a run's last evaluation: stopping there saves nothing
@@ -52,9 +54,9 @@ class WilcoxonDecision:
     def observe(self, trial_id: str, points: dict[str, dict[str, Any]]) -> None:
         """A round's per-seed points (``seed_points``): {seed: {step, dev_spearman, dev/<set>, ...}}."""
         for seed, p in points.items():
-            if "step" not in p:
+            if STEP not in p:
                 continue
-            step = int(p["step"])
+            step = int(p[STEP])
             stage, last = self._stage.setdefault(trial_id, {}).get(seed, (0, -1))
             if step < last:  # a multi-stage run's next stage starts again at step 0
                 stage += 1

@@ -128,7 +128,8 @@ def test_a_model_folder_whose_files_changed_is_read_again(tmp_path, counts):
 
 
 def test_a_trial_process_keeps_them_and_claims_its_devices(monkeypatch, counts):
-    from raysent.tune.trial import TrialContext, prepare_process
+    from raysent.tune.protocol import TrialContext
+    from raysent.tune.trial import prepare_process
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)  # prepare_process sets its own

@@ -79,7 +79,8 @@ def test_a_final_run_the_search_trained_alike_is_reused_and_no_other(tmp_path):
     method, model, data, training settings and parameters, whose best model is on this disk, is the final run's
     training; a stopped one, one trained otherwise, one whose model is gone, a seed the search did not train: None."""
     from raysent.train.records import RunRecord
-    from raysent.tune.trial import TrialContext, resolve_trial, trained_in_search
+    from raysent.tune.protocol import TrialContext
+    from raysent.tune.trial import resolve_trial, trained_in_search
 
     cfg = parse_config({**CONFIG, "tracking": {"results_dir": str(tmp_path)}})
     exp = tmp_path / "warm"

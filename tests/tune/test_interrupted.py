@@ -11,9 +11,9 @@ import pytest
 
 from raysent.config import parse_config
 from raysent.errors import Interrupted
+from raysent.tune.protocol import RECORD_KEY, STOPPED_DIR
 from raysent.tune.records_transport import check_complete
 from raysent.tune.storage import experiment_dir
-from raysent.tune.trial import RECORD_KEY, STOPPED_DIR
 
 CONFIG = {"name": "cut", "method": "simcse-unsup", "model": {"name": "raw-bert-mini-mlm"},
           "data": {"train": "sts-unlabeled"}}

@@ -274,7 +274,8 @@ def test_auto_takes_the_probes_trials_per_gpu_and_an_explicit_number_wins():
 
 def test_a_trial_on_a_share_of_a_gpu_caps_its_memory_at_that_share(monkeypatch, tmp_path):
     from raysent.tune import trial
-    from raysent.tune.trial import TrialContext, prepare_process
+    from raysent.tune.protocol import TrialContext
+    from raysent.tune.trial import prepare_process
 
     calls = []
     monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, d=None: calls.append((f, str(d))))

@@ -31,8 +31,9 @@ def test_seeds_in_turns_train_as_alone_and_the_trial_reports_their_mean(tiny_ber
     import ray.tune
 
     from raysent.train.run import train_in_process
-    from raysent.tune.seeds import SEED_POINTS, run_seed_group
-    from raysent.tune.trial import TrialContext, seeds_in_one_trial
+    from raysent.tune.protocol import SEED_POINTS, TrialContext
+    from raysent.tune.seeds import run_seed_group
+    from raysent.tune.trial import seeds_in_one_trial
 
     cfg = parse_config({**CONFIG, "model": {"name": tiny_bert},  # plumbing, not learning: the tiny random BERT
                         "tracking": {"results_dir": str(tmp_path / "results"), "enabled": False}})
@@ -85,8 +86,8 @@ def test_a_failing_seed_fails_the_configuration_and_ends_the_others(tiny_bert, t
     import ray.tune
 
     from raysent.train.loop import NonFiniteLossError
+    from raysent.tune.protocol import TrialContext
     from raysent.tune.seeds import run_seed_group
-    from raysent.tune.trial import TrialContext
 
     cfg = parse_config({**CONFIG, "model": {"name": tiny_bert},  # plumbing, not learning: the tiny random BERT
                         "tracking": {"results_dir": str(tmp_path / "results"), "enabled": False}})
