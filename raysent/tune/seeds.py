@@ -38,6 +38,7 @@ from raysent.train.records import RunIdentity, RunRecord, TrainSummary, read_rec
 from raysent.train.resources import claim_devices
 from raysent.train.run import train_in_process
 from raysent.tune.protocol import TrialContext, TrialResult, from_record, numbers, reported, seed_point
+from raysent.tune.reporter import Reporter, TuneReporter
 from raysent.tune.trial import (
     build_record,
     drop_checkpoints,
@@ -52,7 +53,7 @@ from raysent.tune.trial import (
     wait_at_gate,
 )
 
-# Lazy imports: ray (heavy, and only the functions that need them import them).
+# No Ray: the trial reports to its Reporter (raysent.tune.reporter: Tune in a search, a list in a test).
 
 JOIN_SECONDS = 120  # how long an ended trial waits for its seeds' threads to leave their loops
 
@@ -182,23 +183,22 @@ def _existing(run: SeedRun, ctx: TrialContext) -> RunRecord | None:
     return read_record(path) if path.is_file() else None
 
 
-def run_seeds(config: dict, ctx: TrialContext) -> None:
+def run_seeds(config: dict, ctx: TrialContext, reporter: Reporter | None = None) -> None:
     """The Tune trial of a configuration whose seeds train in turns: report their mean after every round, then
-    their records (in the last result, as :func:`raysent.tune.trial.run_trial` sends one)."""
-    from ray import tune
-
+    their records (in the last result, as :func:`raysent.tune.trial.run_trial` sends one); ``reporter``: Tune, or a
+    test's :class:`~raysent.tune.reporter.MemoryReporter`."""
+    reporter = reporter or TuneReporter()
     prepare_process(ctx)
     wait_at_gate(ctx.gate)
-    records = run_seed_group(config, ctx, tune.get_context().get_trial_id())
-    tune.report(TrialResult.done(records, seed_mean([reported(r, ctx.metric) for r in records]),
-                                 seeds=len(records)).to_tune())
+    records = run_seed_group(config, ctx, reporter)
+    reporter.report(TrialResult.done(records, seed_mean([reported(r, ctx.metric) for r in records]),
+                                     seeds=len(records)))
 
 
-def run_seed_group(config: dict, ctx: TrialContext, trial_id: str) -> list[RunRecord]:
-    """Train every seed of the trial's configuration in turns, reporting the seed mean to Tune after each
-    round; returns the seeds' run records (written, each with its MLflow run ended)."""
-    from ray import tune
-
+def run_seed_group(config: dict, ctx: TrialContext, reporter: Reporter) -> list[RunRecord]:
+    """Train every seed of the trial's configuration in turns, reporting the seed mean after each round; returns
+    the seeds' run records (written, each with its MLflow run ended)."""
+    trial_id = reporter.trial_id
 
     base = parse_config(ctx.config, source=ctx.source)
     runs = []
@@ -227,10 +227,10 @@ def run_seed_group(config: dict, ctx: TrialContext, trial_id: str) -> list[RunRe
                 if r.error is not None:
                     raise r.error
             if any(r.fresh for r in runs):
-                tune.report(round_result(runs).to_tune())
+                reporter.report(round_result(runs))
         ended = True
     finally:
-        if not ended:  # stopped by the scheduler (Tune ends this thread in tune.report), a failed seed, Ctrl-C
+        if not ended:  # stopped by the scheduler (Tune ends this thread in its report), a failed seed, Ctrl-C
             baton.abandon()
             for t in threads:
                 t.join(JOIN_SECONDS)

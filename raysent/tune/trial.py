@@ -33,28 +33,29 @@ from raysent.train.records import RunIdentity, RunRecord, TrainSummary, diverged
 from raysent.train.resources import cap_memory, claim_devices
 from raysent.train.run import reuse_across_runs, train_in_process, train_stages
 from raysent.tune.protocol import STOPPED_DIR, TrialContext, TrialResult, reported
+from raysent.tune.reporter import Reporter, TuneReporter
 from raysent.tune.space import config_id, decode
 
 # Lazy imports: ray, raysent's heavier modules (heavy, and only the functions that need them import them).
 
 
 class TuneHooks(TrainHooks):
-    """The loop in the trial's own process: checkpoints in the run's folder, metrics to Tune and to the
-    trial's live MLflow run (``live``)."""
+    """The loop in the trial's own process: checkpoints in the run's folder, metrics to the trial's reporter (Tune,
+    or a test's list) and to its live MLflow run (``live``)."""
 
-    def __init__(self, output_dir, resume: bool = False, quiet: bool = False, live: LiveRun | None = None):
+    def __init__(self, output_dir, resume: bool = False, quiet: bool = False, live: LiveRun | None = None,
+                 reporter: Reporter | None = None):
         super().__init__(output_dir, resume=resume, quiet=quiet)
         self.device = claim_devices()  # the GPU Ray gave this trial, else the CPU (whatever torch saw before)
         self.live = live
+        self.reporter = reporter or TuneReporter()
 
     def report(self, metrics: dict, checkpoint_dir) -> None:
-        from ray import tune
-
         super().report(metrics, checkpoint_dir)
         result = TrialResult.from_loop(metrics)
         if self.live is not None and (step := result.logged_step) is not None:
             self.live.log(result.metrics, step)
-        tune.report(result.to_tune())
+        self.reporter.report(result)
 
 
 def quiet_exit(unraisable) -> None:
@@ -280,23 +281,24 @@ def wait_at_gate(gate: str | None, poll: float = 0.1) -> None:
         time.sleep(poll)
 
 
-def run_trial(config: dict, ctx: TrialContext) -> None:
-    """One (configuration, seed): train, evaluate (final phase: test sets), record, report to Tune (the record
-    travels in the last result: on a cluster this trial may run on another node, whose disk the driver cannot
-    read). A configuration whose seeds train in turns has its own trial: :func:`raysent.tune.seeds.run_seeds`."""
-    from ray import tune
-
+def run_trial(config: dict, ctx: TrialContext, reporter: Reporter | None = None) -> None:
+    """One (configuration, seed): train, evaluate (final phase: test sets), record, report to Tune (``reporter``;
+    a test's: :class:`~raysent.tune.reporter.MemoryReporter`). The record travels in the last result: on a cluster
+    this trial may run on another node, whose disk the driver cannot read. A configuration whose seeds train in
+    turns has its own trial: :func:`raysent.tune.seeds.run_seeds`."""
+    reporter = reporter or TuneReporter()
     prepare_process(ctx)
     wait_at_gate(ctx.gate)
-    trial_id = tune.get_context().get_trial_id()
+    trial_id = reporter.trial_id
     hp, seed, _, cfg = resolve_trial(config, ctx, trial_id)
     identity = trial_identity(ctx, hp, seed, trial_id)
     done = record_path(ctx, identity)
     # a record written before the search was interrupted (or by an earlier trial of the same configuration and
     # seed): the run is not trained, nor logged, twice
-    record = read_record(done) if done.is_file() else train_and_record(cfg, ctx, hp, seed, trial_id, identity)
+    record = read_record(done) if done.is_file() else train_and_record(cfg, ctx, hp, seed, trial_id, identity,
+                                                                        reporter)
     scores = {k: v for k, v in record.scores.items() if isinstance(v, float)}
-    tune.report(TrialResult.done([record], {**reported(record, ctx.metric), **scores}, seed=seed).to_tune())
+    reporter.report(TrialResult.done([record], {**reported(record, ctx.metric), **scores}, seed=seed))
 
 
 # what a run's training depends on, by part of the experiment; a search run and a final run of one configuration
@@ -357,7 +359,7 @@ def reuse_search_run(searched: RunRecord, cfg: ExperimentConfig, live: LiveRun |
 
 
 def train_and_record(cfg: ExperimentConfig, ctx: TrialContext, hp: dict, seed: int, trial_id: str,
-                     identity: RunIdentity) -> RunRecord:
+                     identity: RunIdentity, reporter: Reporter | None = None) -> RunRecord:
     """Train one trial's run with its MLflow run live, evaluate it (final phase), write its record. A final run the
     search trained already (:func:`trained_in_search`) is evaluated, not trained again."""
     started = time.time()
@@ -365,7 +367,7 @@ def train_and_record(cfg: ExperimentConfig, ctx: TrialContext, hp: dict, seed: i
     try:
         searched = trained_in_search(ctx, cfg, hp, seed)
         trained = (reuse_search_run(searched, cfg, live) if searched is not None
-                   else training_fields(train_trial(cfg, live)))
+                   else training_fields(train_trial(cfg, live, reporter)))
         final: dict[str, Any] = {}
         if ctx.phase == "final":
             evaluation = evaluate_final(cfg, str(trained["best_model_dir"]))
@@ -383,10 +385,10 @@ def train_and_record(cfg: ExperimentConfig, ctx: TrialContext, hp: dict, seed: i
     return record
 
 
-def train_trial(cfg: ExperimentConfig, live: LiveRun | None = None) -> TrainSummary:
+def train_trial(cfg: ExperimentConfig, live: LiveRun | None = None, reporter: Reporter | None = None) -> TrainSummary:
     """Every stage of one trial's run, resumed where a checkpoint exists: on Ray Train workers
-    (``resources.workers``; Train's metrics forwarded to Tune and to the live MLflow run) or in the trial's
-    own process."""
+    (``resources.workers``; Train's metrics forwarded to Tune by Ray's own callback, and to the live MLflow run) or
+    in the trial's own process (its metrics to ``reporter``, else Tune)."""
     if cfg.resources.workers:
         from ray.tune.integration.ray_train import TuneReportCallback
 
@@ -395,7 +397,7 @@ def train_trial(cfg: ExperimentConfig, live: LiveRun | None = None) -> TrainSumm
         callbacks = [TuneReportCallback(), *([MlflowReportCallback(live)] if live is not None else [])]
         return train_stages(cfg, lambda c: train_one_with_ray(c, resume=True, quiet=True, callbacks=callbacks),
                             resume=True, log=lambda m: None)
-    return train_in_process(cfg, resume=True, quiet=True, hooks=partial(TuneHooks, live=live))
+    return train_in_process(cfg, resume=True, quiet=True, hooks=partial(TuneHooks, live=live, reporter=reporter))
 
 
 def evaluate_final(cfg: ExperimentConfig, model_dir: str) -> Evaluation:

@@ -3,8 +3,6 @@ it trains alone, and what the trial reports after each round is the seed mean an
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
@@ -27,23 +25,21 @@ CONFIG = {
 
 
 @pytest.mark.slow  # trains 4 runs of 6 steps
-def test_seeds_in_turns_train_as_alone_and_the_trial_reports_their_mean(tiny_bert, tmp_path, monkeypatch):
-    import ray.tune
-
+def test_seeds_in_turns_train_as_alone_and_the_trial_reports_their_mean(tiny_bert, tmp_path):
     from raysent.train.run import train_in_process
-    from raysent.tune.protocol import SEED_POINTS, TrialContext
+    from raysent.tune.protocol import TrialContext
+    from raysent.tune.reporter import MemoryReporter
     from raysent.tune.seeds import run_seed_group
     from raysent.tune.trial import seeds_in_one_trial
 
     cfg = parse_config({**CONFIG, "model": {"name": tiny_bert},  # plumbing, not learning: the tiny random BERT
                         "tracking": {"results_dir": str(tmp_path / "results"), "enabled": False}})
     assert seeds_in_one_trial(cfg)
-    reported: list[dict] = []
-    monkeypatch.setattr(ray.tune, "report", lambda metrics, **kw: reported.append(dict(metrics)))
+    reporter = MemoryReporter("t1")  # what Tune would hand the driver, in this process
     exp = tmp_path / "results" / "seeds"
     ctx = TrialContext(config=cfg.to_dict(), source="seeds.yaml", phase="search", run="r1", exp_dir=str(exp),
                        metric="best_dev_spearman")
-    records = run_seed_group({"hp": {"lr": 3.0e-4}}, ctx, "t1")
+    records = run_seed_group({"hp": {"lr": 3.0e-4}}, ctx, reporter)
 
     # every seed is the run it is alone: the same dev curve and losses, to the last bit
     alone = {}
@@ -64,38 +60,37 @@ def test_seeds_in_turns_train_as_alone_and_the_trial_reports_their_mean(tiny_ber
 
     # one report per round of evaluations (steps 0, 2, 4, 6): the mean and sample std over the seeds of their
     # best score so far and of their score at that step, and each seed's point
-    assert [r["step"] for r in reported] == [0, 2, 4, 6]
-    for r in reported:
-        best = [max(p.dev_spearman for p in alone[s].dev_curve if p.step <= r["step"]) for s in (3, 5)]
-        now = [next(p.dev_spearman for p in alone[s].dev_curve if p.step == r["step"]) for s in (3, 5)]
-        assert r["best_dev_spearman"] == pytest.approx(np.mean(best), abs=1e-12)
-        assert r["best_dev_spearman_std"] == pytest.approx(np.std(best, ddof=1), abs=1e-12)
-        assert r["dev_spearman"] == pytest.approx(np.mean(now), abs=1e-12)
-        assert r["dev_spearman_std"] == pytest.approx(np.std(now, ddof=1), abs=1e-12)
-        points = json.loads(r[SEED_POINTS])
+    assert [r.step for r in reporter.results] == [0, 2, 4, 6]
+    for r in reporter.results:
+        best = [max(p.dev_spearman for p in alone[s].dev_curve if p.step <= r.step) for s in (3, 5)]
+        now = [next(p.dev_spearman for p in alone[s].dev_curve if p.step == r.step) for s in (3, 5)]
+        assert r.metrics["best_dev_spearman"] == pytest.approx(np.mean(best), abs=1e-12)
+        assert r.metrics["best_dev_spearman_std"] == pytest.approx(np.std(best, ddof=1), abs=1e-12)
+        assert r.metrics["dev_spearman"] == pytest.approx(np.mean(now), abs=1e-12)
+        assert r.metrics["dev_spearman_std"] == pytest.approx(np.std(now, ddof=1), abs=1e-12)
+        points = r.seed_points or {}
         assert sorted(points) == ["3", "5"] and points["5"]["dev_spearman"] == pytest.approx(now[1], abs=1e-12)
+        assert r.seeds == 2 and not r.finished
     # a seed's training time is its own turns', not the trial's
     assert all(a.train_seconds > 0 for a in alone.values())
     assert sum(r.train_seconds or 0 for r in records) < 1.5 * sum(a.train_seconds for a in alone.values()) + 10
 
 
 @pytest.mark.slow  # starts training
-def test_a_failing_seed_fails_the_configuration_and_ends_the_others(tiny_bert, tmp_path, monkeypatch):
+def test_a_failing_seed_fails_the_configuration_and_ends_the_others(tiny_bert, tmp_path):
     import threading
-
-    import ray.tune
 
     from raysent.train.loop import NonFiniteLossError
     from raysent.tune.protocol import TrialContext
+    from raysent.tune.reporter import MemoryReporter
     from raysent.tune.seeds import run_seed_group
 
     cfg = parse_config({**CONFIG, "model": {"name": tiny_bert},  # plumbing, not learning: the tiny random BERT
                         "tracking": {"results_dir": str(tmp_path / "results"), "enabled": False}})
-    monkeypatch.setattr(ray.tune, "report", lambda metrics, **kw: None)
     ctx = TrialContext(config=cfg.to_dict(), source="seeds.yaml", phase="search", run="r1",
                        exp_dir=str(tmp_path / "results" / "seeds"), metric="best_dev_spearman")
     with pytest.raises(NonFiniteLossError):  # τ = 1e-45: cos/τ overflows, the loss is NaN at the first step
-        run_seed_group({"hp": {"lr": 1.0e-4, "temperature": 1.0e-45}}, ctx, "t2")
+        run_seed_group({"hp": {"lr": 1.0e-4, "temperature": 1.0e-45}}, ctx, MemoryReporter("t2"))
     assert not [t for t in threading.enumerate() if t.name.startswith("seed-")]  # no seed left training
     assert not list((tmp_path / "results" / "seeds").glob("runs/*.json"))
 
