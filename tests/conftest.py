@@ -275,6 +275,22 @@ def json_summary_last(output: str, before: str) -> dict:
     return json.loads(brace + rest)
 
 
+@pytest.fixture
+def trial_in_this_process(monkeypatch):
+    """For a test that runs a trial's code in its own process (raysent.tune.reporter.MemoryReporter): what a trial's
+    process sets in itself is put back afterwards. ``CUDA_VISIBLE_DEVICES``, which ``claim_devices`` sets to "" when
+    Ray gave the trial no GPU: left so by tests/tune/test_seeds.py, it reached the autoscaling test's head on the same
+    xdist worker, whose fake GPU nodes then failed to start ("Attempting to start raylet with 1 GPU, but
+    CUDA_VISIBLE_DEVICES contains []", monitor.log, a whole-suite run of 2026-12-04: the search waited 300 s for
+    GPUs). And ``sys.unraisablehook`` (``prepare_process``)."""
+    name = "CUDA_VISIBLE_DEVICES"
+    if name in os.environ:
+        monkeypatch.setenv(name, os.environ[name])
+    else:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)
+
+
 @pytest.fixture(scope="session")
 def ray_cluster():
     """One local Ray for the whole test session (starting Ray costs seconds and ~2 GB).

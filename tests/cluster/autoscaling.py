@@ -11,10 +11,9 @@ Three changes to Ray's class, each because of this machine, none to what the aut
   session's included: this head gets a free port and a temp dir of its own, and is stopped by its processes alone.
 * The fake provider starts nodes against port 6379 unless the provider config names the GCS (``gcs_address``).
 
-One change to the config: idle nodes are ended after 5 minutes, not 6 s, so the nodes a search's first phase
-started are still there for its final phase (the test's search hung for 600 s in two whole-suite runs of
-2026-12-03, on a loaded machine, and passed alone in 28-45 s: a node ended between the phases as the next phase's
-trial is placed on it is the race suspected; what the test checks is that the autoscaler starts GPU nodes).
+One change to the config: idle nodes are ended after 5 minutes, `ray up`'s default (`idle_timeout_minutes`), not
+6 s, so the GPU nodes the search phase started serve its final phase too, as a real cluster's would. And the head
+starts without ``CUDA_VISIBLE_DEVICES`` (in ``start``).
 """
 
 from __future__ import annotations
@@ -106,7 +105,11 @@ class IsolatedAutoscalingCluster(AutoscalingCluster):
                "--include-dashboard=false", f"--num-cpus={head.pop('CPU', 0)}", f"--num-gpus={head.pop('GPU', 0)}"]
         if head:
             cmd.append(f"--resources={json.dumps(head)}")
-        env = {**{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}, "RAY_AUTH_MODE": "disabled",
+        # not CUDA_VISIBLE_DEVICES: the fake GPU nodes inherit the head's environment, and Ray refuses to start a
+        # raylet with more GPUs than that mask shows (an empty mask, left by another test: "Attempting to start raylet
+        # with 1 GPU, but CUDA_VISIBLE_DEVICES contains []"); on a real cluster each node sees its own GPUs
+        env = {**{k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "CUDA_VISIBLE_DEVICES")},
+               "RAY_AUTH_MODE": "disabled",
                "AUTOSCALER_UPDATE_INTERVAL_S": "1", "RAY_FAKE_CLUSTER": "1", **(override_env or {})}
         subprocess.run(cmd, check=True, capture_output=True, env=env, timeout=180)
 

@@ -25,7 +25,7 @@ CONFIG = {
 
 
 @pytest.mark.slow  # trains 4 runs of 6 steps
-def test_seeds_in_turns_train_as_alone_and_the_trial_reports_their_mean(tiny_bert, tmp_path):
+def test_seeds_in_turns_train_as_alone_and_the_trial_reports_their_mean(tiny_bert, tmp_path, trial_in_this_process):
     from raysent.train.run import train_in_process
     from raysent.tune.protocol import TrialContext
     from raysent.tune.reporter import MemoryReporter
@@ -77,7 +77,7 @@ def test_seeds_in_turns_train_as_alone_and_the_trial_reports_their_mean(tiny_ber
 
 
 @pytest.mark.slow  # starts training
-def test_a_failing_seed_fails_the_configuration_and_ends_the_others(tiny_bert, tmp_path):
+def test_a_failing_seed_fails_the_configuration_and_ends_the_others(tiny_bert, tmp_path, trial_in_this_process):
     import threading
 
     from raysent.train.loop import NonFiniteLossError

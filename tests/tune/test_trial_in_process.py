@@ -4,8 +4,6 @@ last result, and run again (``--resume`` after its record was written) it report
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 
 from raysent.config import parse_config
@@ -27,13 +25,12 @@ CONFIG = {
 
 @pytest.mark.slow  # trains one run of 4 steps
 def test_a_trial_reports_its_evaluations_and_record_and_a_second_run_reads_the_record(tiny_bert, tmp_path,
-                                                                                       monkeypatch):
+                                                                                       trial_in_this_process):
     from raysent.train.records import read_record
     from raysent.tune.protocol import TrialContext
     from raysent.tune.reporter import MemoryReporter
     from raysent.tune.trial import run_trial
 
-    monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)  # a trial's process sets its own
     cfg = parse_config({**CONFIG, "model": {"name": tiny_bert},  # plumbing, not learning: the tiny random BERT
                         "tracking": {"results_dir": str(tmp_path / "results"), "enabled": False}})
     exp = tmp_path / "results" / "inproc"
