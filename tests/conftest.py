@@ -8,7 +8,6 @@ import os
 import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -209,12 +208,9 @@ def run_cli(*args: str, check: bool = True, env: dict | None = None, one_stream:
     import subprocess
 
     full_env = {**os.environ, **(env or {})}
-    warm = warm_starter()
-    proc = warm.run("cli", {"argv": list(args)}, REPO, full_env, one_stream, timeout) if warm else None
-    if proc is None:  # a fresh process
-        streams = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT} if one_stream else {"capture_output": True}
-        proc = subprocess.run([sys.executable, "-m", "raysent.cli", *args], text=True, **streams, env=full_env,
-                              cwd=REPO, timeout=timeout)
+    streams = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT} if one_stream else {"capture_output": True}
+    proc = subprocess.run([sys.executable, "-m", "raysent.cli", *args], text=True, **streams, env=full_env,
+                          cwd=REPO, timeout=timeout)
     return _checked(proc, args, check)
 
 
@@ -315,124 +311,9 @@ def ray_cluster():
         for knob in ("RAY_num_workers_soft_limit", "RAY_enable_metrics_collection",
                      "RAY_LOG_MONITOR_MANY_FILES_THRESHOLD"):
             os.environ.setdefault(knob, "0")
-        warm = WarmStarter.for_ray()
-        init_ray(cfg, log_to_driver=False, num_cpus=2, include_dashboard=False,
-                 **({"runtime_env": {"py_executable": warm.worker_command}} if warm else {}))
-        if warm:
-            _WARM["ray"] = warm.start(ray._private.worker.global_worker.node.session_name)
-    else:
-        warm = None
+        init_ray(cfg, log_to_driver=False, num_cpus=2, include_dashboard=False)
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
-    if warm:
-        _WARM.pop("ray").stop()
-
-
-class WarmStarter:
-    """tests/zygote.py: a process that has imported torch, transformers, MLflow and raysent, and forks a child for
-    each of the session Ray's workers (Tune trials, Ray Train workers and controllers; through Ray's ``runtime_env``
-    ``py_executable``), each `raysent` command a slow test runs (:func:`run_cli`, a doc block's `raysent`) and each
-    Python doc block. A fresh process pays 5-7 CPU-s of Python's start and those imports before it does anything: a
-    one-configuration search on the tiny BERT took 26 CPU-s in its two trial processes, 6 so; `raysent tune
-    search_spaces/quick.yaml --dry-run` 5.9 CPU-s, 0.3 so (2026-11-29). ``RAYSENT_TEST_WARM=0`` starts every process
-    afresh; so are the fast tier's (its promise not to import Ray is checked in them), the commands a test starts
-    itself (signalled ones) and Ray's workers when the tests join a cluster in RAY_ADDRESS."""
-
-    def __init__(self, folder: Path):
-        self.folder = folder
-        self.socket = folder / "warm.sock"
-        self.script = Path(__file__).with_name("zygote.py")
-        self.worker_command = f"{sys.executable} -S {self.script} --worker {self.socket}"
-        self.proc = None
-
-    @staticmethod
-    def enabled() -> bool:
-        return os.environ.get("RAYSENT_TEST_WARM", "1") != "0"
-
-    @classmethod
-    def for_ray(cls) -> WarmStarter | None:
-        if not cls.enabled() or os.environ.get("RAY_ADDRESS"):
-            return None
-        return cls(Path(tempfile.mkdtemp(prefix="raysent-warm-")))
-
-    def start(self, session: str | None = None) -> WarmStarter:
-        """Started after the session's Ray, whose name its command line then carries (raysent's bench counts the
-        processes below one naming the session); a process asked for before it is up starts afresh."""
-        import subprocess
-
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", guard.REPORT_ENV)}
-        with open(self.folder / "warm.log", "wb") as log:
-            self.proc = subprocess.Popen([sys.executable, str(self.script), str(self.socket),
-                                          *([session] if session else [])], stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT, env=env, cwd=REPO)
-        shim = self.folder / "bin" / "raysent"  # the `raysent` of a doc block's PATH
-        shim.parent.mkdir()
-        shim.write_text(f'#!/bin/sh\nexec {sys.executable} -S {self.script} --client {self.socket} '
-                        f'{Path(sys.executable).with_name("raysent")} "$@"\n')
-        shim.chmod(0o755)
-        return self
-
-    def up(self, wait: float = 0.0) -> bool:
-        deadline = time.time() + wait
-        while not self.socket.exists() and self.proc is not None and self.proc.poll() is None \
-                and time.time() < deadline:
-            time.sleep(0.2)
-        return self.socket.exists() and self.proc is not None and self.proc.poll() is None
-
-    def run(self, kind: str, payload: dict, cwd: Path | str, env: dict, one_stream: bool, timeout: float | None):
-        """A command (``kind`` "cli": ``argv``) or Python code (``kind`` "code": ``code``) in a forked child, as
-        ``subprocess.run(..., text=True)`` returns it; None when the starter cannot run it as a fresh process would
-        (then the caller starts one)."""
-        import contextlib
-        import io
-        import subprocess
-
-        import zygote
-
-        cmd = ["raysent", *payload["argv"]] if kind == "cli" else [sys.executable, "-c", payload["code"]]
-
-        def text(f) -> str:  # decoded as text=True does: universal newlines
-            f.seek(0)
-            return io.TextIOWrapper(io.BytesIO(f.read()), encoding="utf-8", errors="replace").read()
-
-        with contextlib.ExitStack() as stack:
-            out = stack.enter_context(tempfile.TemporaryFile())
-            err = out if one_stream else stack.enter_context(tempfile.TemporaryFile())
-            stdin = stack.enter_context(open(os.devnull, "rb"))
-            try:
-                code = zygote.run(str(self.socket), {"kind": kind, **payload, "cwd": str(cwd), "env": env},
-                                  (stdin.fileno(), out.fileno(), err.fileno()), timeout)
-            except zygote.Fallback:
-                return None
-            except TimeoutError:
-                # what it printed before it was stopped: a hang that only the whole suite shows (the autoscaling
-                # search, 600 s in a fresh clone's run on 2026-12-03, 38 s alone) names where it stopped
-                said = text(out) + ("" if one_stream else text(err))
-                expired = subprocess.TimeoutExpired(cmd, timeout, output=said)
-                expired.add_note("its output's last lines:\n" + "\n".join(said.splitlines()[-40:]))
-                raise expired from None
-
-            return subprocess.CompletedProcess(cmd, code, text(out), None if one_stream else text(err))
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=30)
-        shutil.rmtree(self.folder, ignore_errors=True)
-
-
-_WARM: dict[str, WarmStarter] = {}  # "ray": the session Ray's (ray_cluster), "cli": started for commands before it
-
-
-def warm_starter() -> WarmStarter | None:
-    """The starter a slow test's command or Python block runs through: the session Ray's, else one started now (its
-    imports take ~10 s, once per test worker); None in the fast tier, with RAYSENT_TEST_WARM=0, or when it is down."""
-    if _fast_test or not WarmStarter.enabled():
-        return None
-    warm = _WARM.get("ray") or _WARM.get("cli")
-    if warm is None:
-        warm = _WARM["cli"] = WarmStarter(Path(tempfile.mkdtemp(prefix="raysent-warm-"))).start()
-    return warm if warm.up(wait=60) else None
 
 
 def tiny_experiment(tmp_path, name: str, search: str, seeds: str, sts_sets: str = "null", max_steps: int = 4,
@@ -470,8 +351,6 @@ def pytest_runtest_logreport(report):
 def pytest_sessionfinish(session):
     """In the first process (xdist's controller, which sees every worker's reports): remove the run's cache folder and,
     with RAYSENT_TEST_DURATIONS=PATH, write the seconds per file of this run in tests/durations.json's form."""
-    for warm in _WARM.values():  # in a test worker: its warm starters
-        warm.stop()
     if hasattr(session.config, "workerinput"):
         return
     shutil.rmtree(os.environ["RAYSENT_CACHE_DIR"], ignore_errors=True)

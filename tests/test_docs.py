@@ -37,7 +37,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, cli_in_process, warm_starter
+from conftest import REPO, cli_in_process
 
 README = REPO / "README.md"
 RESULTS_DOC = REPO / "docs" / "results.md"
@@ -232,15 +232,12 @@ def run_block_once(b: DocBlock, work: Path, timeout: float, where: str) -> str:
 def run_block(b: DocBlock, work: Path, timeout: float) -> str:
     """Run the block in ``work`` (bash -e, or a fresh Python) with the tests' environment; its output, both
     streams in order. The block must exit 0 and leave the repository as it was."""
-    warm = warm_starter()  # `raysent` and Python through the tests' warm starter (conftest.WarmStarter)
-    path = [*([str(warm.folder / "bin")] if warm else []), str(Path(sys.executable).parent), os.environ.get("PATH", "")]
+    path = [str(Path(sys.executable).parent), os.environ.get("PATH", "")]
     env = {**os.environ, "PATH": os.pathsep.join(path)}
     before = repo_state()
-    proc = warm.run("code", {"code": b.code}, work, env, True, timeout) if warm and b.lang in PYTHON else None
-    if proc is None:
-        argv = (["bash", "-e", "-o", "pipefail", "-c", b.code] if b.lang in SHELL else [sys.executable, "-c", b.code])
-        proc = subprocess.run(argv, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              timeout=timeout)
+    argv = (["bash", "-e", "-o", "pipefail", "-c", b.code] if b.lang in SHELL else [sys.executable, "-c", b.code])
+    proc = subprocess.run(argv, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=timeout)
     assert proc.returncode == 0, f"{b.id} failed ({proc.returncode}), run as written in {work}:\n{b.code}\n" \
                                  f"{proc.stdout[-5000:]}"
     assert repo_state() == before, f"{b.id} wrote into the repository: {sorted(repo_state() - before)}"
